@@ -24,7 +24,8 @@ from augfl_jax.transfer import crd
 DATASET_PRESETS = {
     "digits": {"model": "mlp", "alpha": 0.3, "rho": 0.2, "pm_model": "cnn",
                "pm_epochs": 30, "nce_k": 1024},
-    "synthetic": {"model": "logreg"},
+    # synthetic: 60 features; its PM is an MLP (one hidden layer of 128).
+    "synthetic": {"model": "logreg", "pm_model": "mlp"},
     "mnist": {"model": "cnn"},
     "fashion_mnist": {"model": "cnn"},
     "emnist/letters": {"model": "cnn"},
@@ -39,6 +40,14 @@ PM_ROOT = "runs"
 # The server split is the first server_size examples whatever the run's seed,
 # so every run of a dataset shares it (and its PM): its seed is a constant.
 SERVER_SPLIT_SEED = 0
+# Datasets of natural clients without a server split (synthetic, FedBC's
+# benchmark): a run that needs a PM and leaves --server_size unset draws this
+# many examples at random from the clients for the server
+# (``data.natural_partition``); methods without a PM keep every example.
+NATURAL_SERVER_SIZE = {"synthetic": 500}
+# Datasets generated from the run's seed: their server split, hence their
+# PM, belong to that seed.
+SEEDED_DATASETS = ("synthetic",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,17 +133,35 @@ def resolve(config: RunConfig) -> RunConfig:
     filled["kt_loop"] = "python"
   if config.algorithm in algorithms.STARTS_PRETRAINED:
     filled["pm_model"] = config.model or filled["model"]  # client-size
+  if config.algorithm not in algorithms.USES_REGULARIZER:
+    # --lam is AugFL's lambda; FedProto, FedCP and FedOA have their own
+    # lambda (1, 5, 0.5) and take --lam only when it is given.
+    filled.pop("lam")
+  server_size_given = config.server_size is not None
   config = dataclasses.replace(config, **{
       name: filled[name] for name, value in dataclasses.asdict(config).items()
       if value is None and name in filled})
+  if (not server_size_given and config.server_size == 0 and config.needs_pm
+      and config.dataset in NATURAL_SERVER_SIZE):
+    config = dataclasses.replace(
+        config, server_size=NATURAL_SERVER_SIZE[config.dataset])
   if config.pm_dir is None and config.pm_model is not None:
     # PMs of one architecture with other kwargs live side by side.
     name = config.pm_model + (
         "-" + re.sub(r"[^A-Za-z0-9]+", "-", config.pm_kwargs).strip("-")
         if config.pm_kwargs else "")
+    if config.dataset in SEEDED_DATASETS:
+      name += f"-seed{config.seed}"
     config = dataclasses.replace(config, pm_dir=pretrain.default_pm_dir(
         PM_ROOT, config.dataset, name, config.server_size))
   return config
+
+
+def server_split_seed(config: RunConfig) -> int:
+  """The seed the run's server split (and its PM) belongs to: the run's
+  for ``SEEDED_DATASETS``, else ``SERVER_SPLIT_SEED``."""
+  return (config.seed if config.dataset in SEEDED_DATASETS
+          else SERVER_SPLIT_SEED)
 
 
 def _kwargs(cls: type, config: RunConfig,
@@ -208,7 +235,8 @@ def validate(config: RunConfig) -> RunConfig:
        f"--clients_per_round must be >= 1, got {config.clients_per_round}"),
       (config.alpha > 0, f"--alpha must be > 0, got {config.alpha}"),
       (config.rho > 0, f"--rho must be > 0, got {config.rho}"),
-      (config.lam >= 0, f"--lam must be >= 0, got {config.lam}"),
+      (config.lam is None or config.lam >= 0,
+       f"--lam must be >= 0, got {config.lam}"),
       (config.adapt_steps >= 0,
        f"--adapt_steps must be >= 0, got {config.adapt_steps}"),
       (config.strategy in clients.STRATEGIES,
@@ -218,9 +246,11 @@ def validate(config: RunConfig) -> RunConfig:
        f"unknown --regularizer {config.regularizer!r}; choose one of "
        f"{', '.join(transfer.REGULARIZERS)}"),
       (not config.needs_pm or config.server_size > 0,
-       f"{config.algorithm} with --lam={config.lam} needs a server split for "
-       f"the pretrained model, but {config.dataset} has none; use --lam=0 "
-       "or a method without a pretrained model"),
+       f"{config.algorithm}"
+       f"{f' with --lam={config.lam}' if config.uses_pm else ''} needs a "
+       "pretrained model, trained on a server split, but --server_size is 0; "
+       "give the server examples (--server_size=N)"
+       f"{', or use --lam=0' if config.uses_pm else ''}"),
       (not config.needs_pm or config.pm_model in known_models,
        f"unknown --pm_model {config.pm_model!r}; choose one of "
        f"{', '.join(known_models)}"),

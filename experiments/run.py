@@ -40,7 +40,8 @@ HELP = {
     "M": "client sizes are uniform on {M, ..., 2M}",
     "classes_per_client": "classes per client (pathological partition)",
     "server_size": "server split: the first n training examples (default: "
-                   "per dataset)",
+                   "per dataset); synthetic: n examples drawn from its "
+                   "clients (default none, 500 for a method with a PM)",
     "partition": "pathological or dirichlet",
     "dirichlet_alpha": "concentration of the Dirichlet label skew",
     # model and training
@@ -62,7 +63,8 @@ HELP = {
              "digits",
     "rho": "ADMM penalty rho_i (AugFL; default 0.7, 0.2 on digits)",
     "lam": "weight of the server regulariser R_h (AugFL; default 5.0); 0 is "
-           "AugFL w/o PM",
+           "AugFL w/o PM. FedProto, FedCP, FedOA: their own lambda (default "
+           "1, 5, 0.5)",
     "hvp": "Hessian-vector product: finite_difference (the paper's) or exact",
     "uniform_weights": "w_i = 1/N instead of |D_i| / sum_j |D_j| (AugFL)",
     "lr": "client SGD step size (FedAvg, FedBC)",

@@ -126,7 +126,7 @@ def load_pm(config: RunConfig, fed: data.FederatedData,
       config.pm_dir, model=pm_model, model_name=config.pm_model,
       dataset_name=config.dataset, server=fed.server,
       server_size=config.server_size,
-      split_seed=config_lib.SERVER_SPLIT_SEED,
+      split_seed=config_lib.server_split_seed(config),
       config=pretrain.PretrainConfig(model=config.pm_model,
                                      epochs=config.pm_epochs),
       input_shape=fed.input_shape, log=log)
@@ -368,7 +368,8 @@ def run(config: RunConfig, output_dir: str,
         log: Callable[[str], None] = print, *,
         checkpoint_every: int = CHECKPOINT_EVERY, resume: bool = False,
         overwrite: bool = False,
-        transform_data: Callable[[data.FederatedData], data.FederatedData]
+        transform_data: Callable[[data.FederatedData], data.FederatedData
+                                 | tuple[data.FederatedData, str]]
         | None = None) -> dict[str, Any]:
   """Trains ``config.algorithm`` and evaluates it on the test clients.
 
@@ -382,8 +383,10 @@ def run(config: RunConfig, output_dir: str,
       may differ only in ``RESUMABLE_FIELDS``; a larger ``rounds`` continues
       training).
     overwrite: replace the run ``output_dir`` holds.
-    transform_data: for tests: applied to the federated data before
-      training (e.g. to put a NaN into one client's examples).
+    transform_data: applied to the federated data before training (tests
+      put a NaN into one client's examples; ``experiments.ood`` swaps in
+      rotated domains); returns the new data, or ``(data, summary)`` whose
+      summary replaces the partition's in the log and ``partition.txt``.
 
   Returns:
     The summary that is also written to ``summary.json``.
@@ -412,6 +415,8 @@ def run(config: RunConfig, output_dir: str,
   fed, summary_text = load_federated(config)
   if transform_data is not None:
     fed = transform_data(fed)
+    if isinstance(fed, tuple):
+      fed, summary_text = fed
   log(summary_text)
   algo, params = build_algorithm(config, fed, log)
   run_key = jax.random.split(jax.random.key(config.seed))[1]

@@ -349,8 +349,32 @@ def test_load_federated_defaults():
   assert syn.server["x"].shape == (0, 60) and syn.input_shape == (60,)
   assert syn.train.num_clients == 24 and syn.test.num_clients == 6
   assert (np.asarray(syn.train.num_examples) >= 50).all()
-  with pytest.raises(ValueError, match="server_size must be 0"):
-    D.load_federated("synthetic", server_size=10)
+  # A server split of natural clients: drawn from their examples, which
+  # leave them; the clients keep the rest.
+  syn_srv = D.load_federated("synthetic", seed=0, server_size=500)
+  assert syn_srv.server["x"].shape == (500, 60)
+  total = lambda f: float(f.train.num_examples.sum() +
+                          f.test.num_examples.sum())
+  assert total(syn_srv) == total(syn) - 500
+
+
+def test_natural_partition_with_a_server_split(synthetic):
+  p = D.natural_partition(synthetic.client_ids, seed=0, labels=synthetic.y,
+                          server_size=500)
+  again = D.natural_partition(synthetic.client_ids, seed=0, server_size=500)
+  np.testing.assert_array_equal(p.server, again.server)
+  assert len(p.server) == 500 and np.all(np.diff(p.server) > 0)
+  held = np.concatenate([p.client_indices(i) for i in range(30)])
+  assert not set(held) & set(p.server)
+  assert len(held) + 500 == synthetic.num_examples
+  for i in range(30):
+    assert (synthetic.client_ids[p.client_indices(i)] == i).all()
+  # The server draws from every client, in proportion to its size.
+  drawn = np.bincount(synthetic.client_ids[p.server], minlength=30)
+  assert (drawn > 0).sum() > 20
+  with pytest.raises(ValueError, match="fewer than 2 examples"):
+    D.natural_partition(synthetic.client_ids, seed=0,
+                        server_size=synthetic.num_examples - 40)
 
 
 def test_tensorflow_import_is_lazy():

@@ -71,12 +71,10 @@ def make_partition(
     The :class:`Partition`.
   """
   if dataset.client_ids is not None:
-    if server_size:
-      raise ValueError(
-          f"{dataset.name!r} has natural clients and no server split; "
-          f"server_size must be 0 or None, got {server_size}.")
+    # Natural clients: a server split, if any, is drawn from their examples.
     return natural_partition(dataset.client_ids, train_fraction=train_fraction,
-                             seed=seed, labels=dataset.y)
+                             seed=seed, labels=dataset.y,
+                             server_size=server_size or 0)
   defaults = DATASET_DEFAULTS.get(dataset.name)
   if defaults is None and (num_clients is None or server_size is None):
     raise ValueError(
@@ -122,8 +120,9 @@ def load_federated(
       ``synthetic`` it is the number of natural clients (default 30).
     M: minimum client size; sizes are uniform on ``{M, ..., 2M}``.
     classes_per_client: classes per client (pathological partition).
-    server_size: size of the server split (the first examples); ``None``:
-      ``DATASET_DEFAULTS``.
+    server_size: size of the server split (the first examples; for
+      ``synthetic``, examples drawn at random from its natural clients, see
+      :func:`natural_partition`); ``None``: ``DATASET_DEFAULTS``.
     partition: ``"pathological"`` (the paper's) or ``"dirichlet"``. Ignored by
       ``synthetic``, which always uses its natural clients (as are ``M`` and
       ``classes_per_client``).

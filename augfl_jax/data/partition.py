@@ -401,22 +401,35 @@ def natural_partition(
     train_fraction: float = 0.8,
     seed: int,
     labels: np.ndarray | None = None,
+    server_size: int = 0,
 ) -> Partition:
-  """One client per natural client (e.g. ``synthetic``); no server split.
+  """One client per natural client (e.g. ``synthetic``).
+
+  Such a dataset has no "first examples" to set aside, so a server split
+  (``server_size > 0``, e.g. for a pretrained model) is ``server_size``
+  examples drawn uniformly at random from all clients' examples (the pool
+  stream of ``seed``); they leave their clients, which keep the rest.
 
   Args:
     client_ids: ``[n]`` int natural client of each example; the ids must be
       exactly ``0 .. N - 1``, each with at least one example.
     train_fraction: fraction of clients that train, in ``(0, 1)``.
-    seed: non-negative integer seed (support/query split and roles).
+    seed: non-negative integer seed (server draw, support/query split and
+      roles).
     labels: optional ``[n]`` labels, used only to fill ``classes``; without
       them ``classes`` holds empty arrays.
+    server_size: examples drawn for the server split (0: none).
 
   Returns:
-    The :class:`Partition` with an empty ``server``.
+    The :class:`Partition`; ``server`` is sorted.
+
+  Raises:
+    ValueError: bad ids or labels, or a server split that would leave a
+      client fewer than 2 examples.
   """
   client_ids = _check_labels(client_ids, "client_ids")
   _check_train_fraction(train_fraction)
+  server_size = _check_server_size(server_size, client_ids.shape[0])
   if labels is not None:
     labels = _check_labels(labels)
     if labels.shape != client_ids.shape:
@@ -428,13 +441,24 @@ def natural_partition(
     raise ValueError(
         f"client_ids must cover 0..{len(counts) - 1} without gaps; clients "
         f"{np.flatnonzero(counts == 0).tolist()} have no examples.")
-  _, _, split_rng, role_rng = _rngs(seed)
+  pool_rng, _, split_rng, role_rng = _rngs(seed)
+  server = np.sort(pool_rng.choice(client_ids.shape[0], server_size,
+                                   replace=False)).astype(np.int64)
+  kept = np.ones(client_ids.shape[0], bool)
+  kept[server] = False
+  left = np.bincount(client_ids[kept], minlength=len(counts))
+  if server_size and (left < 2).any():
+    raise ValueError(
+        f"a server split of {server_size} examples leaves clients "
+        f"{np.flatnonzero(left < 2).tolist()} fewer than 2 examples; use a "
+        "smaller server_size.")
   order = np.argsort(client_ids, kind="stable")
-  clients = np.split(order, np.cumsum(counts)[:-1])
+  order = order[kept[order]]
+  clients = np.split(order, np.cumsum(left)[:-1])
   classes = [np.unique(labels[c]) if labels is not None
              else np.zeros(0, np.int64) for c in clients]
-  return _finish(np.zeros(0, np.int64), clients, classes, train_fraction,
-                 split_rng, role_rng)
+  return _finish(server, clients, classes, train_fraction, split_rng,
+                 role_rng)
 
 
 def describe(partition: Partition, labels: np.ndarray) -> str:
