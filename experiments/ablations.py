@@ -1,8 +1,9 @@
 r"""The paper's ablations of knowledge transfer, as commands.
 
-  python -m experiments.ablations --study=kt       # Fig. 7: KT on / off / only
-  python -m experiments.ablations --study=lam      # Fig. 8: lambda in {0,1,5,10,20}
-  python -m experiments.ablations --study=pm_size  # Fig. 9: smaller / larger PM
+  python -m experiments.ablations --study=kt       # Fig. 7: KT on/off/only
+  python -m experiments.ablations --study=lam      # Fig. 8: lambda 0,1,5,10,20
+  python -m experiments.ablations --study=lam --lams=0,5    # other lambdas
+  python -m experiments.ablations --study=pm_size  # Fig. 9: PM sizes
 
 Every ``experiments.run`` flag applies to every cell (``--dataset``,
 ``--rounds``, ...). Each (cell, seed) run lands in
@@ -14,6 +15,7 @@ the lambda study also ``accuracy_vs_lambda.png``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -27,31 +29,45 @@ import numpy as np
 
 from experiments import plot
 from experiments import run as run_flags  # defines the run flags
-from experiments import sweep
+from experiments import runner, sweep
+from experiments.config import RunConfig
 
 # PMs of three sizes per kind of dataset (Fig. 9): (pm_model, pm_kwargs).
 PM_SIZES = {
     "digits": [("mlp", '{"hidden": [64]}'), ("cnn", None),
                ("cnn", '{"widths": [64, 128], "dense": 1024}')],
+    "synthetic": [("mlp", '{"hidden": [32]}'), ("mlp", None),
+                  ("mlp", '{"hidden": [512, 256]}')],
     "images": [("resnet8", None), ("resnet32", None), ("resnet32x4", None)],
 }
 STUDIES = ("kt", "lam", "pm_size")
-
-flags.DEFINE_enum("study", "kt", STUDIES, "which ablation")
-sweep.define_seeds_flag()
+# The lambda study's values (Fig. 8).
+LAMS = (0.0, 1.0, 5.0, 10.0, 20.0)
 FLAGS = flags.FLAGS
 
 
-def study_cells(study: str, dataset: str) -> list[dict[str, object]]:
+def define_flags() -> None:
+  """This command's flags (the run flags come with ``experiments.run``);
+  defined only when it runs, so that importing the module defines none."""
+  flags.DEFINE_enum("study", "kt", STUDIES, "which ablation")
+  flags.DEFINE_list("lams", [f"{lam:g}" for lam in LAMS],
+                    "the lambda study's values of --lam")
+  sweep.define_seeds_flag()
+
+
+def study_cells(study: str, dataset: str,
+                lams: tuple[float, ...] = LAMS) -> list[dict[str, object]]:
   """The cells (RunConfig field overrides) of one study."""
+  if study not in STUDIES:
+    raise ValueError(f"unknown study {study!r}; choose one of "
+                     f"{', '.join(STUDIES)}")
   if study == "kt":
     return [{"algorithm": "augfl", "lam": 0.0},
             {"algorithm": "augfl", "lam": 5.0},
             {"algorithm": "kt_only", "lam": 5.0}]
   if study == "lam":
-    return [{"algorithm": "augfl", "lam": lam}
-            for lam in (0.0, 1.0, 5.0, 10.0, 20.0)]
-  sizes = PM_SIZES["digits" if dataset == "digits" else "images"]
+    return [{"algorithm": "augfl", "lam": float(lam)} for lam in lams]
+  sizes = PM_SIZES.get(dataset, PM_SIZES["images"])
   return [{"algorithm": "augfl", "pm_model": name,
            **({"pm_kwargs": kwargs} if kwargs else {})}
           for name, kwargs in sizes]
@@ -72,28 +88,48 @@ def plot_lambda(rows: list[dict[str, object]], output: str) -> None:
   plt.close(fig)
 
 
-def main(argv):
-  del argv
-  run_flags.quiet_logging()
-  try:
-    base = run_flags.config_from_flags()
-    cells = study_cells(FLAGS.study, base.dataset)
-    seeds = [int(s) for s in FLAGS.seeds]
-    out = FLAGS.output_dir or f"runs/ablation_{FLAGS.study}_{base.dataset}"
-    rows = sweep.run_cells(base, cells, seeds, out)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  sweep.write_tables(rows, out, f"ablation {FLAGS.study} on {base.dataset}, "
+def run_study(study: str, base: RunConfig, seeds: list[int], out: str,
+              lams: tuple[float, ...] = LAMS) -> list[dict[str, object]]:
+  """Runs (or reuses) one study's cells under ``out/<cell>/seed<seed>`` and
+  writes ``results.csv``, ``results.md``, ``curves.png`` (the lambda study
+  also ``accuracy_vs_lambda.png``) to ``out``; returns one row per run.
+
+  Raises:
+    ValueError: an unknown study, a bad configuration, or a run directory
+      holding a run of another configuration.
+  """
+  cells = study_cells(study, base.dataset, lams)
+  for cell in cells:  # every cell's flags, before any run
+    runner.validate(dataclasses.replace(base, **cell))
+  rows = sweep.run_cells(base, cells, seeds, out)
+  sweep.write_tables(rows, out, f"ablation {study} on {base.dataset}, "
                      f"{base.rounds} rounds")
   label_by = list(dict.fromkeys(k for cell in cells for k in cell))
   plot.plot_curves(plot.group_curves(plot.find_runs([out]), label_by),
                    os.path.join(out, "curves.png"),
-                   f"ablation {FLAGS.study} on {base.dataset}")
-  if FLAGS.study == "lam":
+                   f"ablation {study} on {base.dataset}")
+  if study == "lam":
     plot_lambda(rows, os.path.join(out, "accuracy_vs_lambda.png"))
+  return rows
+
+
+def main(argv):
+  del argv
+  run_flags.quiet_logging()
+  if FLAGS.compilation_cache:  # the runs share compiled programs
+    run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
+  try:
+    base = run_flags.config_from_flags()
+    out = FLAGS.output_dir or f"runs/ablation_{FLAGS.study}_{base.dataset}"
+    run_study(FLAGS.study, base, [int(s) for s in FLAGS.seeds], out,
+              tuple(float(lam) for lam in FLAGS.lams))
+  except (ValueError, FloatingPointError, FileNotFoundError,
+          runner.data.DatasetUnavailableError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   print(f"results and plots in {out}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -6,9 +6,11 @@ r"""A grid of runs over flag values and seeds, with a table of the results.
 
 Every other ``experiments.run`` flag (``--dataset``, ``--rounds``, ...) applies
 to every cell. Each (cell, seed) run writes its own directory under
-``--output_dir``; a run whose ``summary.json`` exists is reused, so an
-interrupted sweep resumes. Writes ``results.csv`` (one row per run) and
-``results.md`` (final test-client accuracy, mean ± std over seeds, per cell).
+``--output_dir``; a finished run of the same configuration is reused and
+an interrupted one continues from its checkpoint, so an interrupted sweep
+resumes (a larger ``--rounds`` trains the finished runs further). Writes
+``results.csv`` (one row per run) and ``results.md`` (final test-client
+accuracy, mean ± std over seeds, per cell).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import itertools
 import json
 import os
 import sys
+from typing import Any, Callable
 
 from absl import app
 from absl import flags
@@ -56,45 +59,96 @@ def cell_name(cell: dict[str, object]) -> str:
   return "_".join(f"{k}={v}" for k, v in cell.items()).replace("/", "-") or "base"
 
 
+def finished_run(run_dir: str, config: RunConfig) -> dict[str, Any] | None:
+  """The summary of the run in ``run_dir`` if it is ``config``'s and has
+  done ``config.rounds`` rounds; ``None`` if it must run (absent,
+  interrupted, or fewer rounds: it continues).
+
+  Raises:
+    ValueError: ``run_dir`` holds a run of another configuration (fields
+      outside ``runner.RESUMABLE_FIELDS`` differ).
+  """
+  summary_path = os.path.join(run_dir, "summary.json")
+  if not os.path.exists(summary_path):
+    return None
+  with open(os.path.join(run_dir, "config.json")) as f:
+    saved = json.load(f)
+  diff = runner.config_diff(saved, runner.validate(config),
+                            runner.RESUMABLE_FIELDS)
+  if diff:
+    raise ValueError(f"{run_dir} holds a run of another configuration "
+                     f"({'; '.join(diff)}); choose another --output_dir or "
+                     "remove that run")
+  with open(summary_path) as f:
+    summary = json.load(f)
+  return summary if summary["rounds"] == config.rounds else None
+
+
 def run_cells(base: RunConfig, cells: list[dict[str, object]],
               seeds: list[int], out: str,
-              names: list[str] | None = None) -> list[dict[str, object]]:
-  """Runs every (cell, seed) under ``out/<name>/seed<seed>`` (name: ``names``
-  or ``cell_name(cell)``), reusing runs whose ``summary.json`` exists; one
-  result row per run."""
+              names: list[str] | None = None,
+              transform: Callable[[RunConfig], Callable[..., Any] | None]
+              | None = None) -> list[dict[str, object]]:
+  """Runs every (cell, seed) under ``out/<name>/seed<seed>``.
+
+  Args:
+    base: the configuration every cell starts from.
+    cells: ``RunConfig`` field overrides, one dict per cell.
+    seeds: the seeds of every cell.
+    out: the root of the run directories.
+    names: the cells' directory names (default ``cell_name(cell)``).
+    transform: ``transform(config)`` gives the ``transform_data`` hook of
+      ``runner.run`` for that run (e.g. ``experiments.ood``'s held-out
+      domain), or ``None``.
+
+  A finished run of the same configuration is reused (``finished_run``); an
+  interrupted one, or one with fewer rounds, continues from its checkpoint.
+  Prints one line per run, with ``[k/n]`` progress.
+
+  Returns:
+    One row per run: ``cell``, ``seed``, the cell's fields,
+    ``final_accuracy``, ``best_accuracy``, ``run_dir``.
+  """
   names = names or [cell_name(cell) for cell in cells]
   rows = []
-  for (name, cell), seed in itertools.product(zip(names, cells), seeds):
+  jobs = list(itertools.product(zip(names, cells), seeds))
+  for k, ((name, cell), seed) in enumerate(jobs, 1):
     config = dataclasses.replace(base, seed=seed, **cell)
     run_dir = os.path.join(out, name, f"seed{seed}")
-    summary_path = os.path.join(run_dir, "summary.json")
-    if os.path.exists(summary_path):
-      with open(summary_path) as f:
-        summary = json.load(f)
-      print(f"reusing {run_dir}")
+    progress = f"[{k}/{len(jobs)}] {name} seed {seed}"
+    summary = finished_run(run_dir, config)
+    if summary is not None:
+      print(f"{progress}: reusing {run_dir}", flush=True)
     else:
-      print(f"=== {name} seed {seed}", flush=True)
+      print(f"{progress} ...", flush=True)
       resume = runner.resumable(run_dir)  # an interrupted run continues
-      summary = runner.run(config, run_dir, log=lambda s: None,
-                           resume=resume, overwrite=not resume)
-      print(f"    final accuracy {100 * summary['final_accuracy']:.2f}",
-            flush=True)
+      summary = runner.run(
+          config, run_dir, log=lambda s: None, resume=resume,
+          overwrite=not resume,
+          transform_data=transform(config) if transform else None)
+      print(f"{progress}: final accuracy "
+            f"{100 * summary['final_accuracy']:.2f} "
+            f"({summary['seconds']:.0f} s)", flush=True)
     rows.append({"cell": name, "seed": seed, **cell,
                  "final_accuracy": summary["final_accuracy"],
-                 "best_accuracy": summary["best_accuracy"]})
+                 "best_accuracy": summary["best_accuracy"],
+                 "run_dir": run_dir})
   return rows
 
 
 def main(argv):
   del argv
   run_flags.quiet_logging()
+  if FLAGS.compilation_cache:  # the runs share compiled programs
+    run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
   try:
     base = run_flags.config_from_flags()
     cells = parse_grid(FLAGS.grid)
     seeds = [int(s) for s in FLAGS.seeds]
     out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
     rows = run_cells(base, cells, seeds, out)
-  except ValueError as e:
+  except (ValueError, FloatingPointError, FileNotFoundError,
+          runner.data.DatasetUnavailableError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "

@@ -11,7 +11,9 @@ method's own procedure (fast adaptation of the global model for FedAvg,
 Per-FedAvg, FedLP, FedBC and AugFL; the method's local training for FedProto,
 FedPCL, FedCP, FedOA) and is scored on its query set. Every other
 ``experiments.run`` flag applies to every cell. Cells already done are reused
-(the run directory holds ``summary.json``), so an interrupted table resumes.
+and an interrupted one continues (``sweep.finished_run``), so an interrupted
+table resumes; a directory holding cells of another configuration is
+refused.
 Writes ``table2.md`` and ``table2.csv`` (mean ± std over seeds of the final
 test-client accuracy) to ``--output_dir``; each run's directory keeps its
 resolved ``config.json``.
@@ -29,7 +31,8 @@ from absl import flags
 import numpy as np
 
 from experiments import run as run_flags  # defines the run flags
-from experiments import sweep
+from experiments import runner, sweep
+from experiments.config import RunConfig
 
 # Table II's columns, then the two other methods of this library.
 METHODS = {
@@ -45,11 +48,16 @@ METHODS = {
     "fedoa": ("FedOA", {"algorithm": "fedoa"}),
 }
 
-flags.DEFINE_list("datasets", ["digits"], "datasets (rows of the table)")
-flags.DEFINE_list("methods", list(METHODS), "methods (columns): " +
-                  ", ".join(METHODS))
-sweep.define_seeds_flag()
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """This command's flags (the run flags come with ``experiments.run``);
+  defined only when it runs, so that importing the module defines none."""
+  flags.DEFINE_list("datasets", ["digits"], "datasets (rows of the table)")
+  flags.DEFINE_list("methods", list(METHODS), "methods (columns): " +
+                    ", ".join(METHODS))
+  sweep.define_seeds_flag()
 
 
 def write_table(rows: list[dict], datasets: list[str], methods: list[str],
@@ -78,31 +86,61 @@ def write_table(rows: list[dict], datasets: list[str], methods: list[str],
   return text
 
 
+def run_table(base: RunConfig, datasets: list[str], methods: list[str],
+              seeds: list[int], out: str) -> str:
+  """Runs (or reuses) every (dataset, method, seed) cell under
+  ``out/<dataset>/<method>/seed<seed>`` and writes the table to ``out``.
+
+  Args:
+    base: the configuration every cell starts from (its ``dataset`` is
+      replaced by each of ``datasets``).
+    datasets: the rows.
+    methods: the columns, keys of ``METHODS``.
+    seeds: the seeds of every cell.
+    out: the output directory.
+
+  Returns:
+    The markdown table (also in ``out/table2.md``).
+
+  Raises:
+    ValueError: an unknown method, a bad configuration, or a run directory
+      holding a run of another configuration.
+  """
+  unknown = [m for m in methods if m not in METHODS]
+  if unknown:
+    raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from "
+                     f"{', '.join(METHODS)}")
+  cells = [METHODS[m][1] for m in methods]
+  for dataset in datasets:  # every cell's flags, before any run
+    for cell in cells:
+      runner.validate(dataclasses.replace(base, dataset=dataset, **cell))
+  rows = []
+  for dataset in datasets:
+    config = dataclasses.replace(base, dataset=dataset)
+    for row in sweep.run_cells(config, cells, seeds,
+                               os.path.join(out, dataset.replace("/", "_")),
+                               names=methods):
+      rows.append({**row, "dataset": dataset, "method": row["cell"]})
+  return write_table(rows, datasets, methods, out)
+
+
 def main(argv):
   del argv
   run_flags.quiet_logging()
+  if FLAGS.compilation_cache:  # the runs share compiled programs
+    run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
   out = FLAGS.output_dir or "runs/table2"
-  rows = []
   try:
-    unknown = [m for m in FLAGS.methods if m not in METHODS]
-    if unknown:
-      raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from "
-                       f"{', '.join(METHODS)}")
-    seeds = [int(s) for s in FLAGS.seeds]
-    base = run_flags.config_from_flags()
-    for dataset in FLAGS.datasets:
-      config = dataclasses.replace(base, dataset=dataset)
-      cells = [METHODS[m][1] for m in FLAGS.methods]
-      for row in sweep.run_cells(config, cells, seeds,
-                                 os.path.join(out, dataset.replace("/", "_")),
-                                 names=FLAGS.methods):
-        rows.append({**row, "dataset": dataset, "method": row["cell"]})
-  except ValueError as e:
+    text = run_table(run_flags.config_from_flags(), FLAGS.datasets,
+                     FLAGS.methods, [int(s) for s in FLAGS.seeds], out)
+  except (ValueError, FloatingPointError, FileNotFoundError,
+          runner.data.DatasetUnavailableError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  print(write_table(rows, FLAGS.datasets, FLAGS.methods, out))
+  print(text)
   print(f"table and runs in {out}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -1,0 +1,112 @@
+"""experiments.ablations: each study on a tiny grid (1 seed, 2 rounds, one
+CRD minibatch per round), its tables and plots; the PMs are mlps with fresh
+weights in tmp_path."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from augfl_jax import models, pretrain
+from experiments import ablations
+from experiments import config as config_lib
+from experiments import run as run_cli
+from experiments import runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+  xdg = tmp_path_factory.getbasetemp() / "xdg"
+  run_cli.enable_compilation_cache(str(xdg / "augfl_jax" / "jax_cache"))
+  yield str(xdg)
+  run_cli.disable_compilation_cache()
+
+
+@pytest.fixture(scope="module")
+def pm_dir(tmp_path_factory):
+  """An mlp PM checkpoint for digits (fresh weights)."""
+  path = str(tmp_path_factory.mktemp("pm") / "digits_mlp")
+  norm = runner.validate(runner.RunConfig()).norm  # the runs' default
+  mlp = models.create_model("mlp", 10, norm=norm)
+  params = models.init_params(mlp, jax.random.key(0), (8, 8, 1))
+  pretrain.save_pm(path, params, pretrain.pm_metadata(
+      "digits", "mlp", 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+  return path
+
+
+def _cells(out):
+  return [r["cell"] for r in csv.DictReader(
+      open(os.path.join(out, "results.csv")))]
+
+
+def test_kt_study(tmp_path, pm_dir):
+  out = str(tmp_path / "kt")
+  base = runner.RunConfig(rounds=2, pm_model="mlp", pm_dir=pm_dir,
+                          kt_steps=1, nce_k=64)
+  rows = ablations.run_study("kt", base, [0], out)
+  assert [(r["algorithm"], r["lam"]) for r in rows] == [
+      ("augfl", 0.0), ("augfl", 5.0), ("kt_only", 5.0)]
+  assert _cells(out) == ["algorithm=augfl_lam=0.0", "algorithm=augfl_lam=5.0",
+                         "algorithm=kt_only_lam=5.0"]
+  text = open(os.path.join(out, "results.md")).read()
+  assert text.count("| algorithm=") == 3
+  assert os.path.getsize(os.path.join(out, "curves.png")) > 0
+
+
+def test_lam_study_on_a_grid_of_its_own(tmp_path, pm_dir):
+  out = str(tmp_path / "lam")
+  base = runner.RunConfig(rounds=2, pm_model="mlp", pm_dir=pm_dir,
+                          kt_steps=1, nce_k=64)
+  rows = ablations.run_study("lam", base, [0], out, lams=(0.0, 10.0))
+  assert [r["lam"] for r in rows] == [0.0, 10.0]
+  assert _cells(out) == ["algorithm=augfl_lam=0.0", "algorithm=augfl_lam=10.0"]
+  for name in ("results.md", "curves.png", "accuracy_vs_lambda.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0
+
+
+def test_pm_size_study_uses_one_pm_per_size(tmp_path, monkeypatch):
+  # Three small mlp PMs instead of the digits sizes (cnns take longer), with
+  # fresh weights in the default directories of a temporary PM root
+  # (pretraining has its own tests).
+  sizes = [("mlp", '{"hidden": [8]}'), ("mlp", '{"hidden": [16]}'),
+           ("mlp", None)]
+  monkeypatch.setitem(ablations.PM_SIZES, "digits", sizes)
+  monkeypatch.setattr(config_lib, "PM_ROOT", str(tmp_path / "root"))
+  base = runner.RunConfig(rounds=2, kt_steps=1, nce_k=64)
+  dirs = []
+  for name, kwargs in sizes:
+    config = runner.validate(dataclasses.replace(
+        base, pm_model=name, pm_kwargs=kwargs))
+    mlp = models.create_model(name, 10, **config_lib.model_kwargs(
+        name, config.norm, kwargs))
+    pretrain.save_pm(config.pm_dir, models.init_params(
+        mlp, jax.random.key(0), (8, 8, 1)), pretrain.pm_metadata(
+            "digits", name, 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+    dirs.append(config.pm_dir)
+  out = str(tmp_path / "pm_size")
+  rows = ablations.run_study("pm_size", base, [0], out)
+  assert [(r["pm_model"], r.get("pm_kwargs")) for r in rows] == sizes
+  assert len(set(dirs)) == 3  # one PM per size
+  assert sorted(os.listdir(tmp_path / "root" / "pm")) == sorted(
+      os.path.basename(d) for d in dirs)
+  assert len(_cells(out)) == 3
+  assert os.path.getsize(os.path.join(out, "curves.png")) > 0
+
+
+def test_bad_lams_are_one_line_on_the_cli(tmp_path, compile_cache):
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.ablations", "--study=lam",
+       "--lams=0,x", f"--output_dir={tmp_path}"], cwd=ROOT,
+      capture_output=True, text=True, timeout=300,
+      env={**os.environ, "XDG_CACHE_HOME": compile_cache})
+  assert result.returncode == 2
+  assert result.stderr.startswith("error: ")
+  assert "Traceback" not in result.stderr

@@ -1,0 +1,81 @@
+"""experiments.table2 on a tiny grid: two methods, one seed, 2 rounds."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import run as run_cli
+from experiments import runner, table2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+  xdg = tmp_path_factory.getbasetemp() / "xdg"
+  run_cli.enable_compilation_cache(str(xdg / "augfl_jax" / "jax_cache"))
+  yield str(xdg)
+  run_cli.disable_compilation_cache()
+
+
+def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
+                                                          monkeypatch):
+  out = str(tmp_path / "table2")
+  base = runner.RunConfig(rounds=2)
+  args = (base, ["digits"], ["fedavg", "augfl_wo_pm"], [0], out)
+  text = table2.run_table(*args)
+  lines = text.splitlines()
+  assert lines[2] == "| Dataset | FedAvg | AugFL w/o PM |"
+  row = lines[4].split(" | ")
+  assert row[0] == "| digits" and len(row) == 3
+  for cell in (row[1], row[2].rstrip(" |")):
+    mean, std = (float(v) for v in cell.split("±"))
+    assert 0.0 <= mean <= 100.0 and std == 0.0  # one seed
+  assert open(os.path.join(out, "table2.md")).read() == text
+  rows = list(csv.DictReader(open(os.path.join(out, "table2.csv"))))
+  assert [(r["dataset"], r["method"], r["seed"]) for r in rows] == [
+      ("digits", "fedavg", "0"), ("digits", "augfl_wo_pm", "0")]
+  assert os.path.exists(os.path.join(out, "digits", "fedavg", "seed0",
+                                     "summary.json"))
+
+  def fail(*a, **k):
+    raise AssertionError("recomputed a finished cell")
+  monkeypatch.setattr(runner, "run", fail)
+  assert table2.run_table(*args) == text
+  # The same directory with another configuration is refused, not reused.
+  with pytest.raises(ValueError, match="another configuration"):
+    table2.run_table(runner.RunConfig(rounds=2, lr=0.5), *args[1:])
+
+
+def test_more_rounds_continue_the_finished_cells(tmp_path):
+  out = str(tmp_path / "table2")
+  lines = []
+  table2.run_table(runner.RunConfig(rounds=1), ["digits"], ["fedavg"], [0],
+                   out)
+  real_run = runner.run
+
+  def run(*a, **k):
+    lines.append(k["resume"])
+    return real_run(*a, **k)
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(runner, "run", run)
+    table2.run_table(runner.RunConfig(rounds=2), ["digits"], ["fedavg"],
+                     [0], out)
+  assert lines == [True]  # resumed from its round-1 checkpoint
+  rows = list(csv.DictReader(open(os.path.join(out, "table2.csv"))))
+  assert len(rows) == 1
+
+
+def test_unknown_method_is_one_line_on_the_cli(tmp_path, compile_cache):
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.table2", "--methods=fedsgd",
+       f"--output_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+      timeout=300, env={**os.environ, "XDG_CACHE_HOME": compile_cache})
+  assert result.returncode == 2
+  assert result.stderr.startswith("error: unknown --methods fedsgd")
+  assert "Traceback" not in result.stderr
