@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from augfl_jax import transfer
-from augfl_jax.transfer import crd
+from augfl_jax.transfer import crd, nce
 from tests import tiny
 
 N_SRV, NUM_CLASSES = 12, 3
@@ -90,7 +90,7 @@ def test_crd_loss_matches_numpy_over_two_batches():
   jmem_s, jmem_t = jnp.asarray(mem_s, jnp.float32), jnp.asarray(mem_t,
                                                                  jnp.float32)
   loss_fn = jax.jit(transfer.crd_loss, static_argnames="temperature")
-  update = jax.jit(crd.update_memory, static_argnames="momentum")
+  update = jax.jit(nce.update_memory, static_argnames="momentum")
   for step, (idx, real) in enumerate(batches):
     e_s = np_unit(rng.normal(size=(4, f)))
     e_t = np_unit(rng.normal(size=(4, f)))
@@ -128,7 +128,7 @@ def test_contrast_scores_gather_and_matmul_paths_agree():
   many = jnp.asarray(rng.integers(0, 50, (3, 20)))    # 60 >= 50: matmul path
   for idx in (few, many):
     np.testing.assert_allclose(
-        crd.contrast_scores(bank, e, idx, 0.5),
+        nce.contrast_scores(bank, e, idx, 0.5),
         np_scores(np.asarray(bank), np.asarray(e), np.asarray(idx), 0.5),
         rtol=1e-5)
 
@@ -145,7 +145,7 @@ def test_kd_loss_matches_numpy():
 
   p_s, p_t = softmax(s_logits[:3] / temp), softmax(t_logits[:3] / temp)
   want = (p_t * np.log(p_t / p_s)).sum() / 3 * temp**2
-  got = jax.jit(crd.kd_loss, static_argnums=2)(
+  got = jax.jit(nce.kd_loss, static_argnums=2)(
       jnp.asarray(s_logits, jnp.float32), jnp.asarray(t_logits, jnp.float32),
       temp, jnp.asarray(mask))
   np.testing.assert_allclose(got, want, rtol=1e-5)
@@ -157,10 +157,10 @@ def test_kd_loss_matches_numpy():
 def test_negatives_are_other_classes_uniform_and_cover_them():
   # unequal class sizes 5, 4, 3, interleaved
   y = np.asarray([0, 0, 1, 0, 2, 1, 0, 2, 1, 0, 1, 2], np.int32)
-  table = crd.class_table(y)
+  table = nce.class_table(y)
   keys = jax.random.split(jax.random.PRNGKey(3), N_SRV)
   k = 4000
-  neg = np.asarray(crd.sample_negatives(keys, jnp.asarray(y), table, k))
+  neg = np.asarray(nce.sample_negatives(keys, jnp.asarray(y), table, k))
   assert neg.shape == (N_SRV, k)
   for i in range(N_SRV):
     others = np.flatnonzero(y != y[i])
@@ -175,7 +175,7 @@ def test_update_memory_unit_norm_and_padding_untouched():
   rng = np.random.default_rng(4)
   memory = jnp.asarray(rng.uniform(-1, 1, (8, 3)), jnp.float32)
   e = jnp.asarray(rng.normal(size=(3, 3)), jnp.float32)
-  new = crd.update_memory(memory, jnp.array([6, 2, 0]), e, 0.5,
+  new = nce.update_memory(memory, jnp.array([6, 2, 0]), e, 0.5,
                           jnp.array([1.0, 1.0, 0.0]))
   np.testing.assert_allclose(np.linalg.norm(np.asarray(new)[[6, 2]], axis=1),
                              1.0,

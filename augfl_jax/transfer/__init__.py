@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax.transfer.crd import (
-    CRDConfig, CRDState, StudentApply, TeacherApply, crd_loss,
-    make_crd_regularizer)
+    CRDConfig, CRDState, StudentApply, TeacherApply, make_crd_regularizer)
+from augfl_jax.transfer.nce import crd_loss
 from augfl_jax.transfer.l2 import l2_grad, l2_value, make_l2_regularizer
 from augfl_jax.types import Batch, Params, PRNGKey
 
