@@ -121,8 +121,8 @@ def main(argv):
   try:
     base = run_flags.config_from_flags()
     out = FLAGS.output_dir or f"runs/ablation_{FLAGS.study}_{base.dataset}"
-    run_study(FLAGS.study, base, [int(s) for s in FLAGS.seeds], out,
-              tuple(float(lam) for lam in FLAGS.lams))
+    run_study(FLAGS.study, base, sweep.parse_list(FLAGS.seeds, int, "seeds"),
+              out, tuple(sweep.parse_list(FLAGS.lams, float, "lams")))
   except (ValueError, FloatingPointError, FileNotFoundError,
           runner.data.DatasetUnavailableError) as e:
     print(f"error: {e}", file=sys.stderr)

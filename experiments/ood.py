@@ -393,15 +393,15 @@ def main(argv):
   out = FLAGS.output_dir or "runs/ood"
   try:
     protocol = Protocol(
-        angles=tuple(float(a) for a in FLAGS.angles),
+        angles=tuple(sweep.parse_list(FLAGS.angles, float, "angles")),
         clients_per_domain=FLAGS.clients_per_domain,
         examples_per_client=FLAGS.examples_per_client,
         shared_images=FLAGS.shared_images)
     held_out = (None if FLAGS.held_out is None
-                else [float(a) for a in FLAGS.held_out])
+                else sweep.parse_list(FLAGS.held_out, float, "held_out"))
     text = run_ood(run_flags.config_from_flags(), FLAGS.datasets,
                    FLAGS.algorithms, held_out,
-                   [int(s) for s in FLAGS.seeds], out, protocol)
+                   sweep.parse_list(FLAGS.seeds, int, "seeds"), out, protocol)
   except (ValueError, FloatingPointError, FileNotFoundError,
           runner.data.DatasetUnavailableError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -38,6 +38,16 @@ def define_seeds_flag() -> None:
   flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds of every cell")
 
 
+def parse_list(values: list[str], cast: type, flag: str) -> list:
+  """A list flag's values as ``cast`` (int, float); ``ValueError`` names
+  the flag."""
+  try:
+    return [cast(v) for v in values]
+  except ValueError:
+    raise ValueError(f"--{flag} takes {cast.__name__} values separated by "
+                     f"commas, got {','.join(values)!r}") from None
+
+
 def parse_grid(text: str) -> list[dict[str, object]]:
   """'a=1,2;b=x' -> [{'a': 1, 'b': 'x'}, {'a': 2, 'b': 'x'}] (typed by field)."""
   types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
@@ -144,7 +154,7 @@ def main(argv):
   try:
     base = run_flags.config_from_flags()
     cells = parse_grid(FLAGS.grid)
-    seeds = [int(s) for s in FLAGS.seeds]
+    seeds = parse_list(FLAGS.seeds, int, "seeds")
     out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
     rows = run_cells(base, cells, seeds, out)
   except (ValueError, FloatingPointError, FileNotFoundError,

@@ -132,7 +132,8 @@ def main(argv):
   out = FLAGS.output_dir or "runs/table2"
   try:
     text = run_table(run_flags.config_from_flags(), FLAGS.datasets,
-                     FLAGS.methods, [int(s) for s in FLAGS.seeds], out)
+                     FLAGS.methods,
+                     sweep.parse_list(FLAGS.seeds, int, "seeds"), out)
   except (ValueError, FloatingPointError, FileNotFoundError,
           runner.data.DatasetUnavailableError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -108,5 +108,6 @@ def test_bad_lams_are_one_line_on_the_cli(tmp_path, compile_cache):
       capture_output=True, text=True, timeout=300,
       env={**os.environ, "XDG_CACHE_HOME": compile_cache})
   assert result.returncode == 2
-  assert result.stderr.startswith("error: ")
+  assert result.stderr.splitlines()[-1] == (
+      "error: --lams takes float values separated by commas, got '0,x'")
   assert "Traceback" not in result.stderr

@@ -135,10 +135,12 @@ def test_cli_runs_and_bad_flags_are_one_line(tmp_path, compile_cache):
   assert "[1/1] fedavg seed 0" in result.stdout
   assert "| 45° |" in result.stdout
   assert os.path.exists(tmp_path / "out" / "ood.md")
-  result = cli("--held_out=10")
-  assert result.returncode == 2
-  assert result.stderr.startswith("error: --held_out must name domains")
-  assert "Traceback" not in result.stderr
+  for flag, message in (("--held_out=10", "--held_out must name domains"),
+                        ("--seeds=0,a", "--seeds takes int values")):
+    result = cli(flag)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith("error: " + message)
+    assert "Traceback" not in result.stderr
 
 
 def test_importing_the_commands_defines_no_flags():
