@@ -182,7 +182,8 @@ RoundFn = Callable[..., tuple[AugFLState, dict[str, jax.Array]]]
 
 
 def make_round(loss_fn: LossFn, config: AugFLConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap") -> RoundFn:
+               strategy: str | clients_lib.ClientStrategy | None = None
+               ) -> RoundFn:
   """A jitted AugFL round over all (or the participating) clients.
 
   Returns ``round_fn(state, clients, reg_grad=None, participants=None)
@@ -193,6 +194,9 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
   (default: all). Metrics: ``loss`` (the meta-objective's data term,
   ``sum_i w_i L(phi_i, D_i^q) / sum_i w_i`` over participants),
   ``support_loss`` (likewise at theta^t) and ``client_loss`` (``[K]``).
+  ``strategy`` says how the client axis runs (``augfl_jax.clients``); None
+  is the backend's ``clients.default_strategy()`` (``"map"`` on CPU,
+  ``"vmap"`` elsewhere), resolved here.
   """
   strategy = clients_lib.as_strategy(strategy)
 

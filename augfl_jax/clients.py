@@ -9,8 +9,8 @@ numbers (up to float rounding) and differ only in speed and memory:
   parameters every client shares (AugFL's support gradient at theta^t) is
   not batched over clients by ``vmap``: its forward pass is one large batch.
   On XLA's CPU backend a convolution with per-client weights becomes a
-  grouped convolution, which is slow there (use the models'
-  ``conv_impl="patches"``, see ``augfl_jax.models.conv``).
+  grouped convolution, which is slow there (the models' ``conv_impl``
+  default on CPU, ``"patches"``, avoids it; see ``augfl_jax.models.conv``).
 * ``"map"``: ``jax.lax.map``; clients one after another inside the same
   compiled program (no Python loop, no per-client dispatch). Memory of one
   client.
@@ -28,7 +28,10 @@ numbers (up to float rounding) and differ only in speed and memory:
   last client, whose outputs are dropped.
 
 ``default_strategy(backend)`` is the measured choice per backend (see
-``benchmarks/RESULTS.md``).
+``benchmarks/RESULTS.md``): ``"map"`` on CPU, ``"vmap"`` elsewhere. It is
+what ``strategy=None`` (the default of every ``make_round`` and evaluator)
+and the name ``"auto"`` mean; ``as_strategy`` resolves them when a round is
+built, so the jitted functions see a concrete strategy.
 
 Several hosts: the same program runs unchanged across hosts. Call
 ``jax.distributed.initialize()`` (coordinator address, process count and id;
@@ -55,6 +58,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 STRATEGIES = ("vmap", "map", "chunked", "sharded")
+AUTO = "auto"  # default_strategy() of the backend in use
 INNER_STRATEGIES = ("vmap", "map", "chunked")
 CLIENT_AXIS = "clients"
 
@@ -98,15 +102,19 @@ class ClientStrategy:
                        f"{self.mesh.axis_names}")
 
 
-def as_strategy(strategy: str | ClientStrategy) -> ClientStrategy:
-  """Accepts a strategy name or a ``ClientStrategy``.
+def as_strategy(strategy: str | ClientStrategy | None = None
+                ) -> ClientStrategy:
+  """Accepts a strategy name, a ``ClientStrategy`` or None.
 
+  None and ``"auto"``: ``default_strategy()`` of ``jax.default_backend()``.
   Strings: ``"vmap"``, ``"map"``, ``"chunked:K"`` (K clients per chunk),
   ``"sharded"`` (vmap on each device) or ``"sharded:INNER"`` /
   ``"sharded:chunked:K"``.
   """
   if isinstance(strategy, ClientStrategy):
     return strategy
+  if strategy is None or strategy == AUTO:
+    return default_strategy()
   parts = strategy.split(":")
   if parts[0] == "chunked" and len(parts) == 2:
     return ClientStrategy("chunked", chunk_size=int(parts[1]))
@@ -196,14 +204,15 @@ def _map_sharded(fn: Callable[[Any], Any], per_client: Any,
 
 
 def map_clients(fn: Callable[[Any], Any], per_client: Any,
-                strategy: str | ClientStrategy = "vmap") -> Any:
+                strategy: str | ClientStrategy | None = None) -> Any:
   """Applies ``fn`` to every client's slice of ``per_client``.
 
   Args:
     fn: a function of ONE client's pytree (leaves without the client axis).
       Anything shared by all clients is closed over, not passed here.
     per_client: a pytree whose leaves all have the leading client axis ``C``.
-    strategy: how to run the client axis (see the module docstring).
+    strategy: how to run the client axis (see the module docstring); None:
+      ``default_strategy()``.
 
   Returns:
     ``fn``'s outputs stacked over the client axis (leaves ``[C, ...]``).

@@ -38,7 +38,7 @@ def fast_adapt(loss_fn: LossFn, params: Params, support: Batch, *,
 
 def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
                    steps: int = 1,
-                   strategy: str | clients_lib.ClientStrategy = "vmap",
+                   strategy: str | clients_lib.ClientStrategy | None = None,
                    per_client_params: bool = False):
   """Jitted ``evaluate(params, clients) -> metrics`` over the client axis.
 
@@ -47,7 +47,8 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     eval_fn: ``(params, batch) -> (loss, num_correct)``.
     alpha: adaptation step size.
     steps: adaptation steps k (0 scores the model as it is).
-    strategy: how to run the client axis.
+    strategy: how to run the client axis (None: the backend's
+      ``clients.default_strategy()``).
     per_client_params: ``params`` has a leading client axis (one model per
       client) instead of being shared.
 
@@ -56,6 +57,7 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     mean over clients), ``accuracy_std`` (std of per-client accuracies),
     ``loss`` (sample-weighted query loss) and ``client_accuracy`` (``[C]``).
   """
+  strategy = clients_lib.as_strategy(strategy)
   if steps < 0:
     raise ValueError(f"steps must be >= 0, got {steps}")
 

@@ -11,7 +11,11 @@ server split is held out to report an accuracy and is not trained on.
 
 A PM checkpoint (``augfl_jax.checkpoint``) records what it was trained for:
 dataset, architecture (model name and module fields), server split size and
-split seed; :func:`load_pm` refuses one that differs in any of these.
+split seed; :func:`load_pm` refuses one that differs in any of these. Module
+fields that only choose how the model runs (:data:`IMPLEMENTATION_FIELDS`:
+``conv_impl``) are not part of the architecture: the parameters are the
+same, so a PM trained with ``conv_impl="patches"`` restores and runs with
+``"xla"`` and vice versa.
 
 The only file I/O here is the checkpoint; progress goes to the optional
 ``log(str)`` callback.
@@ -38,7 +42,8 @@ from augfl_jax import checkpoint, local, models
 from augfl_jax.types import Batch, Params
 
 __all__ = [
-    "PretrainConfig", "PMCheckpointMismatch", "MATCH_FIELDS", "decay_epochs",
+    "PretrainConfig", "PMCheckpointMismatch", "MATCH_FIELDS",
+    "IMPLEMENTATION_FIELDS", "decay_epochs",
     "make_optimizer", "pretrain", "model_kwargs", "pm_metadata", "save_pm",
     "load_pm", "default_pm_dir", "pretrain_and_save", "get_or_pretrain_pm",
 ]
@@ -48,6 +53,9 @@ __all__ = [
 DECAY_FRACTIONS = (150 / 240, 180 / 240, 210 / 240)
 # Metadata fields a PM checkpoint must match to be reused.
 MATCH_FIELDS = ("dataset", "architecture", "server_size", "split_seed")
+# Module fields that choose an implementation, not the parameters or the
+# function (up to float rounding): left out of the architecture.
+IMPLEMENTATION_FIELDS = ("conv_impl",)
 
 Log = Callable[[str], None]
 
@@ -300,10 +308,23 @@ def _jsonable(value: Any) -> Any:
 
 
 def model_kwargs(model: nn.Module) -> dict[str, Any]:
-  """The module's dataclass fields (``num_classes``, widths, norm, ...)."""
+  """The module's dataclass fields (``num_classes``, widths, norm, ...)
+  but :data:`IMPLEMENTATION_FIELDS`."""
+  skip = ("parent", "name") + IMPLEMENTATION_FIELDS
   return _jsonable({f.name: getattr(model, f.name)
-                    for f in dataclasses.fields(model)
-                    if f.name not in ("parent", "name")})
+                    for f in dataclasses.fields(model) if f.name not in skip})
+
+
+def _architecture(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+  """``metadata`` with :data:`IMPLEMENTATION_FIELDS` dropped from its
+  architecture's kwargs (checkpoints written before they were left out
+  record ``conv_impl``)."""
+  arch = metadata.get("architecture")
+  if not isinstance(arch, dict) or not isinstance(arch.get("kwargs"), dict):
+    return metadata
+  kwargs = {k: v for k, v in arch["kwargs"].items()
+            if k not in IMPLEMENTATION_FIELDS}
+  return {**metadata, "architecture": {**arch, "kwargs": kwargs}}
 
 
 def pm_metadata(dataset: str, model_name: str, server_size: int,
@@ -374,7 +395,8 @@ def load_pm(directory: str | os.PathLike, expected: Mapping[str, Any], *,
   Args:
     directory: the PM checkpoint.
     expected: e.g. :func:`pm_metadata` of the run; each of
-      :data:`MATCH_FIELDS` it contains must equal the checkpoint's.
+      :data:`MATCH_FIELDS` it contains must equal the checkpoint's (the
+      architecture compared without :data:`IMPLEMENTATION_FIELDS`).
     like: optional abstract params (shapes checked on restore).
 
   Returns:
@@ -385,13 +407,13 @@ def load_pm(directory: str | os.PathLike, expected: Mapping[str, Any], *,
     PMCheckpointMismatch: a compared field differs; the message names every
       differing field, both values, and how to retrain.
   """
-  metadata = checkpoint.restore_metadata(directory)
-  expected = _jsonable(dict(expected))
+  saved = _architecture(checkpoint.restore_metadata(directory))
+  expected = _architecture(_jsonable(dict(expected)))
   differing = [f for f in MATCH_FIELDS
-               if f in expected and metadata.get(f) != expected[f]]
+               if f in expected and saved.get(f) != expected[f]]
   if differing:
     path = os.path.abspath(os.path.expanduser(os.fspath(directory)))
-    have = ", ".join(_describe(f, metadata.get(f)) for f in differing)
+    have = ", ".join(_describe(f, saved.get(f)) for f in differing)
     need = ", ".join(_describe(f, expected[f]) for f in differing)
     raise PMCheckpointMismatch(
         f"PM checkpoint at {path} was trained for {have}; this run needs "

@@ -19,6 +19,8 @@ import jax
 from augfl_jax import algorithms, clients, data, models, pretrain, transfer
 from augfl_jax.transfer import crd
 
+AUTO = "auto"  # strategy and conv_impl: the backend's measured choice
+
 # Per-dataset values for fields left None. The digits preset comes from the
 # learning-rate search in the README.
 DATASET_PRESETS = {
@@ -67,11 +69,12 @@ class RunConfig:
   algorithm: str = "augfl"
   model: str | None = None
   norm: str = "batch"
+  conv_impl: str = AUTO
   rounds: int = 300
   eval_every: int = 10
   clients_per_round: int | None = None
   seed: int = 0
-  strategy: str = "vmap"
+  strategy: str = AUTO
   chunk_size: int | None = None
   # algorithm hyper-parameters (None: preset, paper, or the algorithm's own)
   alpha: float | None = None
@@ -125,7 +128,10 @@ class RunConfig:
 
 def resolve(config: RunConfig) -> RunConfig:
   """Fills the fields left ``None`` from the dataset's preset, the paper's
-  defaults and ``data.DATASET_DEFAULTS`` (clients, server split)."""
+  defaults and ``data.DATASET_DEFAULTS`` (clients, server split), and
+  replaces ``"auto"`` in ``strategy`` and ``conv_impl`` by the backend's
+  measured choice (``clients.default_strategy``,
+  ``models.default_conv_impl``), so ``config.json`` records what ran."""
   filled = {**PAPER_DEFAULTS, **DATASET_PRESETS[config.dataset],
             **data.DATASET_DEFAULTS[config.dataset]}
   if jax.default_backend() == "cpu":
@@ -145,6 +151,11 @@ def resolve(config: RunConfig) -> RunConfig:
       and config.dataset in NATURAL_SERVER_SIZE):
     config = dataclasses.replace(
         config, server_size=NATURAL_SERVER_SIZE[config.dataset])
+  if config.strategy == AUTO:
+    config = dataclasses.replace(
+        config, strategy=clients.default_strategy().name)
+  if config.conv_impl == AUTO:
+    config = dataclasses.replace(config, conv_impl=models.default_conv_impl())
   if config.pm_dir is None and config.pm_model is not None:
     # PMs of one architecture with other kwargs live side by side.
     name = config.pm_model + (
@@ -187,11 +198,14 @@ def crd_config(config: RunConfig) -> crd.CRDConfig:
       {"batch_size": "kt_batch_size", "loop": "kt_loop"}))
 
 
-def model_kwargs(name: str, norm: str, json_kwargs: str | None = None
-                ) -> dict[str, Any]:
+def model_kwargs(name: str, norm: str, json_kwargs: str | None = None,
+                 conv_impl: str = AUTO) -> dict[str, Any]:
   """Keyword arguments of ``models.create_model(name, ...)``: the norm (not
-  for logreg) and any JSON object given, e.g. ``'{"hidden": [512, 256]}'``."""
+  for logreg), ``conv_impl`` (models with convolutions) and any JSON object
+  given, e.g. ``'{"hidden": [512, 256]}'``."""
   kwargs = {} if name == "logreg" else {"norm": norm}
+  if name in models.CONV_MODELS:
+    kwargs["conv_impl"] = conv_impl
   if json_kwargs:
     try:
       extra = json.loads(json_kwargs)
@@ -240,8 +254,11 @@ def validate(config: RunConfig) -> RunConfig:
       (config.adapt_steps >= 0,
        f"--adapt_steps must be >= 0, got {config.adapt_steps}"),
       (config.strategy in clients.STRATEGIES,
-       f"unknown --strategy {config.strategy!r}; choose one of "
+       f"unknown --strategy {config.strategy!r}; choose auto or one of "
        f"{', '.join(clients.STRATEGIES)}"),
+      (config.conv_impl in models.CONV_IMPLS,
+       f"unknown --conv_impl {config.conv_impl!r}; choose auto or one of "
+       f"{', '.join(models.CONV_IMPLS)}"),
       (config.regularizer in transfer.REGULARIZERS,
        f"unknown --regularizer {config.regularizer!r}; choose one of "
        f"{', '.join(transfer.REGULARIZERS)}"),
@@ -269,6 +286,7 @@ def validate(config: RunConfig) -> RunConfig:
   if config.uses_pm:
     crd_config(config)
   if config.needs_pm:
-    model_kwargs(config.pm_model, config.norm, config.pm_kwargs)
+    model_kwargs(config.pm_model, config.norm, config.pm_kwargs,
+                 config.conv_impl)
   clients.ClientStrategy(config.strategy, config.chunk_size)
   return config

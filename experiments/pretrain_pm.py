@@ -35,6 +35,10 @@ flags.DEFINE_string("pm_model", None, "PM architecture: cnn, mlp, resnet32x4,"
                     " ... (default: cnn on digits, resnet32x4 otherwise)")
 flags.DEFINE_string("pm_norm", "batch", "normalisation layers of the PM: "
                     "batch, group or none (ignored by logreg)")
+flags.DEFINE_string("conv_impl", run_config.AUTO, "how the convolutions of "
+                    "a cnn / resnet PM run: auto (patches on CPU, xla "
+                    "elsewhere), xla or patches; not part of the checkpoint's "
+                    "architecture (a PM restores under either)")
 flags.DEFINE_string("pm_kwargs", None, "other model fields as a JSON object, "
                     "e.g. '{\"hidden\": [512, 256]}'")
 flags.DEFINE_integer("epochs", None, "epochs (default: 30 on digits, 240, as "
@@ -66,6 +70,10 @@ def _validate_flags() -> None:
       (FLAGS.pm_model is None or FLAGS.pm_model in models.available_models(),
        f"unknown --pm_model {FLAGS.pm_model!r}; choose one of "
        f"{', '.join(models.available_models())}"),
+      (FLAGS.conv_impl == run_config.AUTO or
+       FLAGS.conv_impl in models.CONV_IMPLS,
+       f"unknown --conv_impl {FLAGS.conv_impl!r}; choose auto or one of "
+       f"{', '.join(models.CONV_IMPLS)}"),
       (FLAGS.epochs is None or FLAGS.epochs >= 1,
        f"--epochs must be >= 1, got {FLAGS.epochs}"),
       (FLAGS.server_size is None or FLAGS.server_size >= 2,
@@ -91,7 +99,8 @@ def main(argv):
         holdout_fraction=FLAGS.holdout_fraction,
         epochs=FLAGS.epochs or presets["pm_epochs"])
     config.validate()
-    kwargs = run_config.model_kwargs(name, FLAGS.pm_norm, FLAGS.pm_kwargs)
+    kwargs = run_config.model_kwargs(name, FLAGS.pm_norm, FLAGS.pm_kwargs,
+                                     FLAGS.conv_impl)
     server_size = (data.DATASET_DEFAULTS[FLAGS.dataset]["server_size"]
                    if FLAGS.server_size is None else FLAGS.server_size)
     dataset = data.load_dataset(FLAGS.dataset, data_dir=FLAGS.data_dir,

@@ -50,12 +50,18 @@ HELP = {
              "dataset)",
     "norm": "normalisation layers: batch (statistics of the batch at hand, "
             "padding masked), group or none",
+    "conv_impl": "how the convolutions and max-pools of the cnn / resnet "
+                 "models (client and PM) run: auto (patches on CPU, xla "
+                 "elsewhere), xla (XLA's convolution) or patches (patches "
+                 "+ matmul); same parameters, same outputs up to rounding",
     "rounds": "communication rounds",
     "eval_every": "evaluate the test clients every this many rounds",
     "clients_per_round": "clients sampled per round (default: all); AugFL "
                          "aggregates the stale (theta_i, y_i) of the others",
     "seed": "seed of the partition, the initialisation and the run",
-    "strategy": "how the client axis runs: vmap, map or chunked",
+    "strategy": "how the client axis runs: auto (the backend's measured "
+                "choice: map on CPU, vmap on GPU/TPU), vmap, map, chunked "
+                "or sharded",
     "chunk_size": "clients per chunk for --strategy=chunked",
     # algorithm hyper-parameters
     "alpha": "inner / fast-adaptation step size (AugFL, Per-FedAvg, "

@@ -24,7 +24,8 @@ Resuming is exact: the checkpoint holds the whole algorithm state (server
 and stacked client state, the regulariser's state and optimiser, PRNG keys),
 participants are drawn from ``(seed, round)`` and every key is folded from
 the state, so ``R`` rounds straight and ``k`` + resume + ``R - k`` give the
-same parameters bit for bit (same device and ``--strategy``).
+same parameters bit for bit (same device, ``--strategy`` and
+``--conv_impl``).
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ from experiments.config import RunConfig, validate  # re-exported
 
 CHECKPOINT_EVERY = 50
 # RunConfig fields a resumed run may change: they do not change the math
-# (rounds: more rounds continue training; strategy, chunk_size and kt_loop
-# only change how the same computation is laid out).
+# (rounds: more rounds continue training; strategy, chunk_size, conv_impl
+# and kt_loop only change how the same computation is laid out, so a run
+# started under other defaults, e.g. "vmap" / "xla", resumes under today's).
 RESUMABLE_FIELDS = ("rounds", "eval_every", "data_dir", "strategy",
-                    "chunk_size", "kt_loop")
+                    "chunk_size", "conv_impl", "kt_loop")
 # What a run writes to its output directory (removed by ``overwrite``).
 OUTPUTS = ("config.json", "partition.txt", "metrics.jsonl", "summary.json",
            "checkpoints", "tb")
@@ -121,7 +123,7 @@ def load_pm(config: RunConfig, fed: data.FederatedData,
   pm_model = models.create_model(
       config.pm_model, fed.num_classes,
       **config_lib.model_kwargs(config.pm_model, config.norm,
-                                config.pm_kwargs))
+                                config.pm_kwargs, config.conv_impl))
   pm_params, meta = pretrain.get_or_pretrain_pm(
       config.pm_dir, model=pm_model, model_name=config.pm_model,
       dataset_name=config.dataset, server=fed.server,
@@ -143,7 +145,8 @@ def build_algorithm(config: RunConfig, fed: data.FederatedData,
   where the method uses one (server regulariser, encoder or start)."""
   model = models.create_model(
       config.model, fed.num_classes,
-      **config_lib.model_kwargs(config.model, config.norm))
+      **config_lib.model_kwargs(config.model, config.norm,
+                                conv_impl=config.conv_impl))
   input_shape = fed.input_shape
   pm_model = pm_params = regularizer = encoder_apply = None
   if config.needs_pm:  # first: a mismatched PM fails before any compilation

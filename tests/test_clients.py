@@ -57,6 +57,33 @@ def test_default_strategy_per_backend():
   assert clients.default_strategy("cpu").name == "map"
   assert clients.default_strategy("gpu").name == "vmap"
   assert clients.default_strategy("tpu").name == "vmap"
+  # None and "auto" are the backend's default; explicit names are kept.
+  assert clients.as_strategy(None) == clients.default_strategy()
+  assert clients.as_strategy("auto") == clients.default_strategy()
+  assert clients.as_strategy("vmap").name == "vmap"
+
+
+def test_rounds_default_to_the_backend_strategy():
+  """``make_round`` / evaluators without a strategy run
+  ``default_strategy()``: the same program as naming it."""
+  from augfl_jax import augfl, evaluation
+  from tests import tiny
+  data = tiny.client_data(seed=0, num_clients=3, pad_to=6)
+  params = tiny.init(jax.random.PRNGKey(0))
+  state = augfl.init_state(params, 3)
+  cfg = augfl.AugFLConfig()
+  default = clients.default_strategy().name
+  lower = lambda fn: fn.lower(state, data).as_text()
+  assert lower(augfl.make_round(tiny.loss_fn, cfg)) == lower(
+      augfl.make_round(tiny.loss_fn, cfg, default))
+  eval_fn = lambda p, b: (tiny.loss_fn(p, b), jnp.sum(b["mask"]))
+  evaluate = lambda s=None: evaluation.make_evaluator(
+      tiny.loss_fn, eval_fn, alpha=0.1, strategy=s).lower(
+          params, data).as_text()
+  assert evaluate() == evaluate(default)
+  other = "vmap" if default == "map" else "map"
+  assert lower(augfl.make_round(tiny.loss_fn, cfg)) != lower(
+      augfl.make_round(tiny.loss_fn, cfg, other))
 
 
 def test_chunk_size_for_budget_grows_with_budget():

@@ -5,8 +5,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from augfl_jax import clients, models
+from experiments import config as config_lib
 from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +32,9 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert saved["final_accuracy"] == summary["final_accuracy"] == records[-1]["accuracy"]
   resolved = json.load(open(tmp_path / "config.json"))
   assert resolved["model"] == "mlp" and resolved["num_clients"] == 40
+  # what ran, not "auto"
+  assert resolved["strategy"] == clients.default_strategy().name
+  assert resolved["conv_impl"] == models.default_conv_impl()
   assert "clients: 40" in open(tmp_path / "partition.txt").read()
 
 
@@ -46,6 +52,28 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
       tmp_path / "c" / "partition.txt").read()
 
 
+def test_auto_strategy_and_conv_impl_resolve_to_the_backend_choice():
+  config = runner.validate(runner.RunConfig(model="cnn"))
+  assert config.strategy == clients.default_strategy().name
+  assert config.conv_impl == models.default_conv_impl()
+  if jax.default_backend() == "cpu":
+    assert (config.strategy, config.conv_impl) == ("map", "patches")
+  explicit = runner.validate(runner.RunConfig(strategy="vmap",
+                                              conv_impl="xla"))
+  assert (explicit.strategy, explicit.conv_impl) == ("vmap", "xla")
+  assert runner.validate(runner.RunConfig(
+      strategy="chunked", chunk_size=4)).strategy == "chunked"
+  with pytest.raises(ValueError, match="unknown --strategy 'pmap'"):
+    runner.validate(runner.RunConfig(strategy="pmap"))
+  # The client model and the PM get the run's conv_impl (conv models only).
+  assert config_lib.model_kwargs("cnn", "batch", conv_impl="xla") == {
+      "norm": "batch", "conv_impl": "xla"}
+  assert config_lib.model_kwargs("resnet32x4", "batch", None, "patches")[
+      "conv_impl"] == "patches"
+  assert "conv_impl" not in config_lib.model_kwargs("mlp", "batch")
+  assert config_lib.model_kwargs("logreg", "batch") == {}
+
+
 def _run_cli(*args):
   return subprocess.run([sys.executable, "-m", "experiments.run", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -58,6 +86,7 @@ def _run_cli(*args):
     (["--dataset=imagenet"], "unknown dataset 'imagenet'"),
     (["--algorithm=sgd"], "unknown algorithm 'sgd'"),
     (["--num_clients=500"], "num_clients"),
+    (["--conv_impl=fft"], "unknown --conv_impl 'fft'; choose auto or one of"),
 ])
 def test_bad_flags_fail_with_one_clear_line(tmp_path, args, message):
   result = _run_cli(*args, f"--output_dir={tmp_path}")

@@ -419,3 +419,63 @@ def test_vmap_over_clients(name, kwargs):
       stacked["mask"])
   chex.assert_shape(logits, (num_clients, 5, num_classes))
   assert features.shape[:2] == (num_clients, 5)
+
+
+# ------------------------------------------------------------- conv_impl
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("cnn", (28, 28, 1)),  # the paper-size CNN (1.6M parameters)
+    ("resnet8x4", (8, 8, 3)),  # AugFL's client ResNet, small images
+])
+def test_conv_impls_agree_on_full_models_and_under_client_vmap(name, shape):
+  """xla vs patches: the same parameter tree, features, logits, loss and
+  gradients (float32 rounding), one model and vmapped over per-client
+  parameters (where xla's convolutions become grouped ones)."""
+  num_clients, num_classes, n = 2, 5, 4
+  nets = {impl: models.create_model(name, num_classes, conv_impl=impl)
+          for impl in models.CONV_IMPLS}
+  trees = {impl: jax.tree.structure(jax.eval_shape(
+      lambda k, m=m: models.init_params(m, k, shape), jax.random.key(0)))
+           for impl, m in nets.items()}
+  assert trees["xla"] == trees["patches"]
+  params = jax.tree.map(lambda *a: jnp.stack(a), *[
+      _fake_params(nets["xla"], shape, seed=c) for c in range(num_clients)])
+  batches = jax.tree.map(lambda *a: jnp.stack(a), *[
+      _batch(jax.random.key(20 + c), n, shape, num_classes, num_real=n - c)
+      for c in range(num_clients)])
+  out = {}
+  for impl, model in nets.items():
+    features_fn = models.make_features_fn(model)
+    grad_fn = jax.value_and_grad(models.make_loss_fn(model))
+    one = jax.tree.map(lambda a: a[0], (params, batches))
+    out[impl] = jax.jit(lambda p, b, f=features_fn, g=grad_fn: (
+        f(one[0], one[1]["x"], one[1]["mask"]), g(*one),
+        jax.vmap(f)(p, b["x"], b["mask"]), jax.vmap(g)(p, b)))(
+            params, batches)
+  chex.assert_trees_all_close(out["xla"], out["patches"], rtol=1e-4,
+                              atol=1e-5)
+
+
+def test_conv_impl_auto_resolves_per_backend():
+  assert models.CNN(3).conv_impl == "auto"
+  assert models.resnet8x4(3).conv_impl == "auto"
+  assert models.default_conv_impl("cpu") == "patches"
+  assert models.default_conv_impl("gpu") == "xla"
+  assert models.default_conv_impl("tpu") == "xla"
+  assert models.resolve_conv_impl("auto", "cpu") == "patches"
+  assert models.resolve_conv_impl("auto", "gpu") == "xla"
+  for impl in models.CONV_IMPLS:  # explicit choices are kept on every backend
+    assert models.resolve_conv_impl(impl, "cpu") == impl
+    assert models.resolve_conv_impl(impl, "gpu") == impl
+  with pytest.raises(ValueError, match="conv_impl"):
+    models.resolve_conv_impl("fft")
+  # "auto" runs exactly what the backend's choice runs.
+  shape, x = (8, 8, 1), jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+  auto = models.create_model("cnn", 3, widths=(4,), dense=8)
+  chosen = models.create_model("cnn", 3, widths=(4,), dense=8,
+                               conv_impl=models.default_conv_impl())
+  params = _fake_params(auto, shape)
+  hlo = lambda m: jax.jit(models.make_features_fn(m)).lower(
+      params, x).as_text()
+  assert hlo(auto) == hlo(chosen)

@@ -236,6 +236,42 @@ def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
   assert len(calls) == 1
 
 
+def test_a_pm_restores_under_either_conv_impl(tmp_path, digits, monkeypatch):
+  """conv_impl is not part of the architecture: a cnn PM pretrained with
+  "patches" is reused (not retrained) by a run with "xla", with the same
+  parameter tree and the same outputs (float32 rounding); a checkpoint that
+  records conv_impl in its architecture (as older ones do) is reused too."""
+  server = _server(digits, 100)
+  nets = {impl: models.create_model("cnn", 10, widths=(4, 8), dense=16,
+                                    conv_impl=impl)
+          for impl in models.CONV_IMPLS}
+  kw = dict(model_name="cnn", dataset_name="digits", server=server,
+            server_size=100, split_seed=0, input_shape=(8, 8, 1),
+            config=pt.PretrainConfig(model="cnn", epochs=1))
+  path = str(tmp_path / "pm")
+  params, meta = pt.get_or_pretrain_pm(path, model=nets["patches"], **kw)
+  assert "conv_impl" not in meta["architecture"]["kwargs"]
+  monkeypatch.setattr(pt, "pretrain", lambda *a, **k: pytest.fail("retrain"))
+  again, _ = pt.get_or_pretrain_pm(path, model=nets["xla"], **kw)
+  assert jax.tree.structure(again) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  x = jnp.asarray(server["x"][:16])
+  outputs = [jax.jit(models.make_features_fn(nets[impl]))(again, x)
+             for impl in models.CONV_IMPLS]
+  for a, b in zip(*outputs):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  old = str(tmp_path / "old")
+  pt.save_pm(old, params, pt.pm_metadata(
+      "digits", "cnn", 100, 0,
+      model_kwargs={**pt.model_kwargs(nets["xla"]), "conv_impl": "xla"}))
+  for impl in models.CONV_IMPLS:
+    pt.get_or_pretrain_pm(old, model=nets[impl], **kw)
+  with pytest.raises(pt.PMCheckpointMismatch, match="widths"):
+    pt.get_or_pretrain_pm(old, model=models.create_model(
+        "cnn", 10, widths=(4, 4), dense=16, conv_impl="xla"), **kw)
+
+
 # ----------------------------------------------------------------------------
 # The command line.
 

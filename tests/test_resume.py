@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import algorithms, checkpoint, models, pretrain
+from augfl_jax import algorithms, checkpoint, clients, models, pretrain
 from experiments import run as run_cli
 from experiments import runner
 
@@ -164,6 +164,28 @@ def test_resume_refuses_another_config_naming_the_fields(tmp_path):
   with pytest.raises(ValueError, match="beyond --rounds=1"):
     runner.run(runner.RunConfig(algorithm="fedavg", rounds=1, lam=0.0),
                str(tmp_path), log=lambda s: None, resume=True)
+
+
+def test_a_run_started_under_vmap_resumes_under_the_defaults(tmp_path):
+  """A checkpoint of a run from before the defaults followed the backend
+  (strategy "vmap", no conv_impl in its config) resumes without flags;
+  config.json then records what runs."""
+  quiet = lambda s: None
+  runner.run(runner.RunConfig(algorithm="fedavg", rounds=2, eval_every=2,
+                              strategy="vmap"),
+             str(tmp_path), log=quiet, checkpoint_every=2)
+  path = os.path.join(checkpoint.step_path(tmp_path / "checkpoints", 2),
+                      "metadata", "metadata")
+  meta = json.load(open(path))
+  del meta["config"]["conv_impl"]
+  json.dump(meta, open(path, "w"))
+  summary = runner.run(runner.RunConfig(algorithm="fedavg", rounds=4,
+                                        eval_every=2),
+                       str(tmp_path), log=quiet, resume=True)
+  assert summary["resumed_from_round"] == 2
+  saved = json.load(open(tmp_path / "config.json"))
+  assert saved["strategy"] == clients.default_strategy().name
+  assert saved["conv_impl"] == models.default_conv_impl()
 
 
 def _events(logdir):

@@ -145,7 +145,7 @@ def kt_only_step(state: augfl.AugFLState, reg_grad, config: augfl.AugFLConfig,
 
 
 def build(name: str, model: nn.Module, config: Any, *,
-          strategy: str | clients_lib.ClientStrategy = "vmap",
+          strategy: str | clients_lib.ClientStrategy | None = None,
           eval_alpha: float = 0.03, eval_steps: int = 1,
           regularizer: Regularizer | None = None,
           encoder_apply: Callable[..., jax.Array] | None = None
@@ -157,7 +157,8 @@ def build(name: str, model: nn.Module, config: Any, *,
     model: the client model (FedPCL: the projector on the encoder's
       features).
     config: the algorithm's config (``CONFIGS[name]``).
-    strategy: how the client axis runs.
+    strategy: how the client axis runs (None: the backend's
+      ``clients.default_strategy()``), for the round and the evaluation.
     eval_alpha, eval_steps: fast adaptation of held-out clients (methods
       with a global model).
     regularizer: AugFL and KT-only: the server's ``(init_fn, grad_fn)`` from
@@ -165,6 +166,7 @@ def build(name: str, model: nn.Module, config: Any, *,
     encoder_apply: FedPCL: the frozen pretrained encoder,
       ``(x, mask) -> features``.
   """
+  strategy = clients_lib.as_strategy(strategy)
   if name not in CONFIGS:
     raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
   if not isinstance(config, CONFIGS[name]):

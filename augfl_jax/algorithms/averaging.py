@@ -47,8 +47,9 @@ def client_keys(key: PRNGKey, round_: jax.Array,
   return jax.vmap(lambda i: jax.random.fold_in(round_key, i))(client_ids)
 
 
-def make_averaging_round(local_update: LocalUpdate,
-                         strategy: str | clients_lib.ClientStrategy = "vmap"):
+def make_averaging_round(
+    local_update: LocalUpdate,
+    strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients`` holds all ``C`` training clients; ``participants`` (``[K]``
@@ -56,6 +57,7 @@ def make_averaging_round(local_update: LocalUpdate,
   participants' local training loss, sample-weighted) and ``client_loss``
   (``[K]``).
   """
+  strategy = clients_lib.as_strategy(strategy)
 
   def round_fn(state: AveragingState, clients: ClientData,
                participants: jax.Array | None = None):

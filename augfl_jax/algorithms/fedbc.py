@@ -311,7 +311,7 @@ def server_update(client_params: Params, lambdas: jax.Array,
 
 
 def make_round(loss_fn: LossFn, config: FedBCConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap"):
+               strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients`` holds all ``C`` training clients; ``participants`` (``[K]``
@@ -321,6 +321,7 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
   (mean ``||x_j - z^t||^2``) and ``fallback`` (1.0 when the lambdas summed to
   0 and the server took the sample-weighted mean).
   """
+  strategy = clients_lib.as_strategy(strategy)
 
   def round_fn(state: FedBCState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -357,7 +358,7 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
 
 def make_evaluate(loss_fn: LossFn, eval_fn: evaluation.EvalFn,
                   config: FedBCConfig, *,
-                  strategy: str | clients_lib.ClientStrategy = "vmap",
+                  strategy: str | clients_lib.ClientStrategy | None = None,
                   eval_alpha: float | None = None,
                   eval_steps: int | None = None
                  ) -> Callable[[FedBCState, ClientData], dict]:
@@ -372,6 +373,7 @@ def make_evaluate(loss_fn: LossFn, eval_fn: evaluation.EvalFn,
     jitted ``evaluate(state, clients)`` with ``accuracy`` (sample-weighted),
     ``accuracy_std``, ``loss`` and ``client_accuracy`` (``[C]``).
   """
+  strategy = clients_lib.as_strategy(strategy)
   own_alpha, own_steps = ((config.alpha, config.inner_steps)
                           if config.personalized else (config.lr, 1))
   evaluator = evaluation.make_evaluator(
@@ -383,7 +385,7 @@ def make_evaluate(loss_fn: LossFn, eval_fn: evaluation.EvalFn,
 
 
 def make_evaluate_local(loss_fn: LossFn, eval_fn: evaluation.EvalFn, *,
-                        strategy: str | clients_lib.ClientStrategy = "vmap"
+                        strategy: str | clients_lib.ClientStrategy | None = None
                        ) -> Callable[[FedBCState, ClientData], dict]:
   """The paper's training-client metrics, no adaptation.
 
@@ -395,6 +397,7 @@ def make_evaluate_local(loss_fn: LossFn, eval_fn: evaluation.EvalFn, *,
     ``local_client_accuracy``) and ``global_*`` (z on every client's query
     set; ``global_accuracy`` is the pooled accuracy).
   """
+  strategy = clients_lib.as_strategy(strategy)
   local_eval = evaluation.make_evaluator(loss_fn, eval_fn, alpha=0.0,
                                          steps=0, strategy=strategy,
                                          per_client_params=True)

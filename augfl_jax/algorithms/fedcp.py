@@ -272,12 +272,13 @@ def local_update(model: nn.Module, config: FedCPConfig, params: Params,
 
 
 def make_round(model: nn.Module, config: FedCPConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap"):
+               strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   Local data is support ∪ query. Metrics: ``loss`` (participants' training
   loss, sample-weighted), ``client_loss`` (one per participant).
   """
+  strategy = clients_lib.as_strategy(strategy)
 
   def round_fn(state: FedCPState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -310,13 +311,14 @@ def make_round(model: nn.Module, config: FedCPConfig,
 
 
 def make_evaluate(model: nn.Module, config: FedCPConfig, *,
-                  strategy: str | clients_lib.ClientStrategy = "vmap"):
+                  strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``evaluate(state, clients) -> metrics`` on held-out clients.
 
   Each client personalises on its support set (module docstring) and is
   scored on its query set: ``accuracy``, ``accuracy_std``,
   ``client_accuracy``, ``loss`` (query cross-entropy, sample-weighted).
   """
+  strategy = clients_lib.as_strategy(strategy)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)
 

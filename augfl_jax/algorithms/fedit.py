@@ -112,7 +112,7 @@ def local_update(model: nn.Module, config: FedITConfig, backbone: Params,
 
 
 def make_round(model: nn.Module, config: FedITConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap"):
+               strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients`` holds all ``C`` training clients; ``participants`` (``[K]``
@@ -120,6 +120,7 @@ def make_round(model: nn.Module, config: FedITConfig,
   ``averaging.client_keys(state.key, state.round, ids)``. Metrics: ``loss``
   (sample-weighted local training loss) and ``client_loss`` (``[K]``).
   """
+  strategy = clients_lib.as_strategy(strategy)
 
   def round_fn(state: FedITState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -149,7 +150,7 @@ def global_params(state, config: FedITConfig) -> Params:
 
 
 def make_evaluate(model: nn.Module, config: FedITConfig, *,
-                  strategy: str | clients_lib.ClientStrategy = "vmap",
+                  strategy: str | clients_lib.ClientStrategy | None = None,
                   eval_alpha: float = 0.03, eval_steps: int = 1):
   """Jitted ``evaluate(state, clients)`` on held-out clients.
 
@@ -158,6 +159,7 @@ def make_evaluate(model: nn.Module, config: FedITConfig, *,
   scored on its query set. Metrics: ``accuracy`` (sample-weighted),
   ``accuracy_std`` (across clients), ``loss``, ``client_accuracy`` ``[C]``.
   """
+  strategy = clients_lib.as_strategy(strategy)
   if eval_steps < 0:
     raise ValueError(f"eval_steps must be >= 0, got {eval_steps}")
   eval_fn = models.make_eval_fn(model)

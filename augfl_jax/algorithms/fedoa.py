@@ -216,13 +216,14 @@ def client_update(model: nn.Module, config: FedOAConfig, backbone: Params,
 
 
 def make_round(model: nn.Module, config: FedOAConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap"):
+               strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   Metrics: ``loss`` (the global copies' sample-weighted local loss, as
   FedIT's), ``personal_loss`` (the personal objective, sample-weighted),
   ``client_loss`` and ``client_personal_loss`` (``[K]``).
   """
+  strategy = clients_lib.as_strategy(strategy)
 
   def round_fn(state: FedOAState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -253,7 +254,7 @@ global_params = fedit.global_params
 
 
 def make_evaluate(model: nn.Module, config: FedOAConfig, *,
-                  strategy: str | clients_lib.ClientStrategy = "vmap"):
+                  strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``evaluate(state, clients)`` on held-out clients.
 
   Client i trains a personal adapter from the global adapter with the FedOA
@@ -262,6 +263,7 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
   folded with i) and is scored on its query set. Metrics as
   ``fedit.make_evaluate``.
   """
+  strategy = clients_lib.as_strategy(strategy)
   eval_fn = models.make_eval_fn(model)
 
   def evaluate(state, clients: ClientData):
@@ -283,9 +285,9 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
   return jax.jit(evaluate)
 
 
-def make_evaluate_personal(model: nn.Module, config: FedOAConfig, *,
-                           strategy: str | clients_lib.ClientStrategy = "vmap"
-                          ):
+def make_evaluate_personal(
+    model: nn.Module, config: FedOAConfig, *,
+    strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``evaluate_personal(state, batch)``: every training client's
   personal adapter scored as it is (no adaptation).
 
@@ -301,6 +303,7 @@ def make_evaluate_personal(model: nn.Module, config: FedOAConfig, *,
     examples, all clients), ``accuracy_std``, ``loss``, ``client_accuracy``
     ``[C]``.
   """
+  strategy = clients_lib.as_strategy(strategy)
   eval_fn = models.make_eval_fn(model)
 
   def evaluate_personal(state: FedOAState, batch: Batch):

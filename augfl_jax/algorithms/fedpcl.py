@@ -263,7 +263,7 @@ def local_update(project, config: FedPCLConfig, params: Params,
 
 
 def make_round(model: nn.Module, config: FedPCLConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap", *,
+               strategy: str | clients_lib.ClientStrategy | None = None, *,
                encoder_apply: EncoderApply):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
@@ -272,6 +272,7 @@ def make_round(model: nn.Module, config: FedPCLConfig,
   Metrics: ``loss`` (participants' training loss, sample-weighted) and
   ``client_loss`` (one per participant).
   """
+  strategy = clients_lib.as_strategy(strategy)
   project = make_project_fn(model)
 
   def round_fn(state: FedPCLState, clients: ClientData,
@@ -299,7 +300,7 @@ def make_round(model: nn.Module, config: FedPCLConfig,
 
 
 def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
-                  strategy: str | clients_lib.ClientStrategy = "vmap",
+                  strategy: str | clients_lib.ClientStrategy | None = None,
                   encoder_apply: EncoderApply):
   """Jitted ``evaluate(state, clients) -> metrics`` on held-out clients.
 
@@ -308,6 +309,7 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
   ``_global`` (nearest global prototype), and ``loss`` (``L_g + L_p`` on the
   query set, sample-weighted).
   """
+  strategy = clients_lib.as_strategy(strategy)
   project = make_project_fn(model)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)

@@ -217,13 +217,14 @@ def local_update(model: nn.Module, config: FedProtoConfig, params: Params,
 
 
 def make_round(model: nn.Module, config: FedProtoConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap"):
+               strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients``: all C training clients; their local data is support ∪ query.
   Metrics: ``loss`` (participants' training loss, sample-weighted),
   ``client_loss`` (one per participant).
   """
+  strategy = clients_lib.as_strategy(strategy)
 
   def round_fn(state: FedProtoState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -249,7 +250,7 @@ def make_round(model: nn.Module, config: FedProtoConfig,
 
 
 def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
-                  strategy: str | clients_lib.ClientStrategy = "vmap"):
+                  strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted ``evaluate(state, clients) -> metrics`` on held-out clients.
 
   Each client personalises on its support set (module docstring) and is
@@ -258,6 +259,7 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
   ``_head`` (the local head's argmax), and ``loss`` (query cross-entropy of
   the head, sample-weighted).
   """
+  strategy = clients_lib.as_strategy(strategy)
   features_fn = models.make_features_fn(model)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)

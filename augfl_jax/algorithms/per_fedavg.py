@@ -92,7 +92,8 @@ init_state = averaging.init_state
 
 
 def make_round(loss_fn: LossFn, config: PerFedAvgConfig,
-               strategy: str | clients_lib.ClientStrategy = "vmap"):
+               strategy: str | clients_lib.ClientStrategy | None = None):
   """Jitted Per-FedAvg ``round_fn(state, clients, participants=None)``."""
+  strategy = clients_lib.as_strategy(strategy)
   return averaging.make_averaging_round(
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax.models.cnn import CNN
+from augfl_jax.models.conv import (
+    CONV_IMPLS, default_conv_impl, resolve_conv_impl)
 from augfl_jax.models.logreg import LogisticRegression
 from augfl_jax.models.mlp import MLP
 from augfl_jax.models.norm import NORMS, MaskedBatchNorm, masked_moments
@@ -32,7 +34,8 @@ from augfl_jax.types import Batch, Params, PRNGKey
 
 __all__ = [
     "CNN", "MLP", "LogisticRegression", "ResNet", "BasicBlock",
-    "MaskedBatchNorm", "NORMS", "masked_moments",
+    "MaskedBatchNorm", "NORMS", "masked_moments", "CONV_MODELS",
+    "CONV_IMPLS", "default_conv_impl", "resolve_conv_impl",
     "resnet8", "resnet20", "resnet32", "resnet8x4", "resnet32x4",
     "create_model", "available_models", "init_params", "num_params",
     "masked_mean", "make_loss_fn", "make_eval_fn", "make_features_fn",
@@ -48,6 +51,11 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "resnet8x4": resnet8x4,
     "resnet32x4": resnet32x4,
 }
+
+# The models with convolutions: they take ``conv_impl`` (``"auto"``,
+# ``"xla"`` or ``"patches"``, see ``models.conv``).
+CONV_MODELS = ("cnn", "resnet8", "resnet20", "resnet32", "resnet8x4",
+               "resnet32x4")
 
 
 def available_models() -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 
-from augfl_jax.models.conv import Conv, check_conv_impl, max_pool
+from augfl_jax.models.conv import AUTO, Conv, check_conv_impl, max_pool
 from augfl_jax.models.norm import apply_norm, check_norm, zero_padding
 
 
@@ -27,16 +27,17 @@ class CNN(nn.Module):
       batch at hand, as the reference does, also at evaluation), ``"group"``
       or ``"none"``. The convs carry a bias only with ``"none"`` (a bias
       before batch/group norm is redundant).
-    conv_impl: ``"xla"`` or ``"patches"``, how convolutions and max-pooling
-      run (see ``models.conv``); the same parameters and outputs either way,
-      only the speed differs.
+    conv_impl: ``"auto"`` (``"patches"`` on CPU, ``"xla"`` elsewhere),
+      ``"xla"`` or ``"patches"``: how convolutions and max-pooling run (see
+      ``models.conv``); the same parameters and outputs either way (up to
+      float rounding), only the speed differs.
   """
 
   num_classes: int
   widths: Sequence[int] = (32, 64)
   dense: int = 512
   norm: str = "batch"
-  conv_impl: str = "xla"
+  conv_impl: str = AUTO
 
   @nn.compact
   def __call__(

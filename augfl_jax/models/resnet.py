@@ -27,7 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from augfl_jax.models.conv import Conv, check_conv_impl
+from augfl_jax.models.conv import AUTO, Conv, check_conv_impl
 from augfl_jax.models.norm import apply_norm, check_norm, zero_padding
 
 # nn.init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu").
@@ -47,13 +47,13 @@ class BasicBlock(nn.Module):
     features: output channels.
     strides: stride of the first conv (and of the shortcut conv).
     norm: ``"batch"`` | ``"group"`` | ``"none"`` (see ``models.norm``).
-    conv_impl: ``"xla"`` | ``"patches"`` (see ``models.conv``).
+    conv_impl: ``"auto"`` | ``"xla"`` | ``"patches"`` (see ``models.conv``).
   """
 
   features: int
   strides: int = 1
   norm: str = "batch"
-  conv_impl: str = "xla"
+  conv_impl: str = AUTO
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -82,15 +82,16 @@ class ResNet(nn.Module):
     norm: ``"batch"`` (default: masked per-batch statistics of the real
       examples of the batch at hand, also at evaluation, as the reference runs
       its ResNets in training mode), ``"group"`` or ``"none"``.
-    conv_impl: ``"xla"`` or ``"patches"`` (see ``models.conv``); the same
-      parameters and outputs either way, only the speed differs.
+    conv_impl: ``"auto"`` (``"patches"`` on CPU, ``"xla"`` elsewhere),
+      ``"xla"`` or ``"patches"`` (see ``models.conv``); the same parameters
+      and outputs either way (up to float rounding), only the speed differs.
   """
 
   depth: int
   num_filters: Sequence[int]
   num_classes: int
   norm: str = "batch"
-  conv_impl: str = "xla"
+  conv_impl: str = AUTO
 
   @nn.compact
   def __call__(
