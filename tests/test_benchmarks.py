@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import cells
 from benchmarks import round_cost
+from benchmarks import run_defaults
 
 pytest.importorskip("absl")
 
@@ -87,3 +88,17 @@ def test_plot_writes_png(tmp_path):
   path = tmp_path / "plot.png"
   plot.plot(results, str(path))
   assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_defaults_parses_variants_and_pairs_ratios_by_repeat():
+  assert run_defaults.parse_variants(
+      "vmap_xla=--strategy=vmap --conv_impl=xla;auto=") == [
+          ("vmap_xla", ["--strategy=vmap", "--conv_impl=xla"]), ("auto", [])]
+  with pytest.raises(ValueError, match="label=flags"):
+    run_defaults.parse_variants("--strategy=vmap")
+  records = [{"label": "a", "repeat": 0, "wall_s": 6.0},
+             {"label": "b", "repeat": 0, "wall_s": 2.0},
+             {"label": "a", "repeat": 1, "wall_s": 9.0},
+             {"label": "b", "repeat": 1, "wall_s": 3.0}]
+  assert run_defaults.ratios(records, "wall_s") == {"a": [3.0, 3.0],
+                                                    "b": [1.0, 1.0]}
