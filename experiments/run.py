@@ -49,7 +49,8 @@ HELP = {
     "model": "client model: mlp, cnn, logreg, resnet8x4, ... (default: per "
              "dataset)",
     "norm": "normalisation layers: batch (statistics of the batch at hand, "
-            "padding masked), group or none",
+            "padding masked; the default), group (the default on digits) "
+            "or none",
     "conv_impl": "how the convolutions and max-pools of the cnn / resnet "
                  "models (client and PM) run: auto (patches on CPU, xla "
                  "elsewhere), xla (XLA's convolution) or patches (patches "
@@ -65,9 +66,8 @@ HELP = {
     "chunk_size": "clients per chunk for --strategy=chunked",
     # algorithm hyper-parameters
     "alpha": "inner / fast-adaptation step size (AugFL, Per-FedAvg, "
-             "Per-FedBC, evaluation); default 0.03 (the paper's), 0.3 on "
-             "digits",
-    "rho": "ADMM penalty rho_i (AugFL; default 0.7, 0.2 on digits)",
+             "Per-FedBC, evaluation); default 0.03 (the paper's)",
+    "rho": "ADMM penalty rho_i (AugFL; default 0.7)",
     "lam": "weight of the server regulariser R_h (AugFL; default 5.0); 0 is "
            "AugFL w/o PM. FedProto, FedCP, FedOA: their own lambda (default "
            "1, 5, 0.5)",

@@ -6,7 +6,7 @@ parsing flags; tests and sweeps call it directly. It writes to ``output_dir``:
 * ``config.json``: the resolved configuration (defaults filled in);
 * ``partition.txt``: the partition summary;
 * ``metrics.jsonl``: one JSON object per evaluation (round, train loss,
-  test-client accuracy mean/std, loss, seconds since start);
+  test-client accuracy mean/std and per client, loss, seconds since start);
 * ``tb/``: TensorBoard events (``train/*`` every round, ``eval/*`` at
   evaluations);
 * ``checkpoints/step_<round>``: the latest run state (orbax, see
@@ -487,11 +487,14 @@ def run(config: RunConfig, output_dir: str,
         writer.add_scalar(f"train/{name}", value, r)
       line = f"round {r:4d}/{config.rounds}  train loss {loss:.4f}"
       if r % config.eval_every == 0 or r == config.rounds:
-        ev = _scalars(algo.evaluate(state, fed.test))
+        ev_all = jax.device_get(algo.evaluate(state, fed.test))
+        ev = _scalars(ev_all)
         record = {"round": r, "train_loss": float(np.mean(train_losses)),
                   "accuracy": ev["accuracy"],
                   "accuracy_std": ev["accuracy_std"],
                   "test_loss": ev["loss"],
+                  "client_accuracy": [
+                      float(a) for a in ev_all["client_accuracy"]],
                   "seconds": offset + time.perf_counter() - start}
         train_losses = []
         history.append(record)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from augfl_jax import clients, models
@@ -26,8 +27,11 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert [r["round"] for r in records] == [2, 4]
   for r in records:
     assert set(r) == {"round", "train_loss", "accuracy", "accuracy_std",
-                      "test_loss", "seconds"}
+                      "test_loss", "client_accuracy", "seconds"}
     assert 0.0 <= r["accuracy"] <= 1.0
+    assert len(r["client_accuracy"]) == 8  # digits: 8 held-out clients
+    assert np.isclose(np.std(r["client_accuracy"]), r["accuracy_std"],
+                      atol=1e-6)
   saved = json.load(open(tmp_path / "summary.json"))
   assert saved["final_accuracy"] == summary["final_accuracy"] == records[-1]["accuracy"]
   resolved = json.load(open(tmp_path / "config.json"))
