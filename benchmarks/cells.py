@@ -27,6 +27,8 @@ ALGORITHMS = ("augfl", "fedavg", "per_fedavg")
 MODELS = {
     "cnn": ("cnn", (28, 28, 1), 26, {}),
     "resnet8x4": ("resnet8x4", (32, 32, 3), 10, {}),
+    # the same CNN on digits-sized inputs (8x8x1, 10 classes): 155,626 params
+    "cnn_digits": ("cnn", (8, 8, 1), 10, {}),
     "tiny_cnn": ("cnn", (8, 8, 1), 5, {"widths": (4,), "dense": 8}),
 }
 AUGFL_CONFIG = augfl.AugFLConfig()  # SPEC §5: alpha 0.03, rho 0.7, lam 0

@@ -5,7 +5,9 @@ r"""Per-round time against the number of clients, one line per strategy.
 One panel per (algorithm, model, conv_impl, examples); solid lines are our
 strategies (median, with min-max error bars), dashed lines the references
 timed in the same runs. Log-log axes, with a dotted slope-1 guide: a
-per-round time linear in the number of clients runs parallel to it.
+per-round time linear in the number of clients runs parallel to it. Prints,
+per line, the least-squares slope of log(median) against log(clients)
+(1 = linear) and the median time per client at each number of clients.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 from typing import Any
 
 
@@ -40,6 +43,29 @@ def series(results: list[dict[str, Any]]) -> dict[tuple, dict[str, list]]:
   return {p: {label: [(c,) + v for c, v in sorted(points.items())]
               for label, points in lines.items()}
           for p, lines in panels.items()}
+
+
+def loglog_slope(points: list[tuple]) -> float:
+  """Least-squares slope of log(median s) on log(clients); 1 = linear."""
+  if len(points) < 2:
+    return float("nan")
+  xs = [math.log(p[0]) for p in points]
+  ys = [math.log(p[1]) for p in points]
+  mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+  return (sum((x - mx) * (y - my) for x, y in zip(xs, ys)) /
+          sum((x - mx) ** 2 for x in xs))
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+  """One line per plotted line: its log-log slope and s per client."""
+  lines = []
+  for panel, labelled in sorted(series(results).items()):
+    for label, points in sorted(labelled.items()):
+      per_client = ", ".join(f"{p[0]}: {p[1] / p[0] * 1e3:.2f} ms"
+                             for p in points)
+      lines.append(f"{'/'.join(map(str, panel))} {label}: slope "
+                   f"{loglog_slope(points):.3f}; per client {per_client}")
+  return "\n".join(lines)
 
 
 def plot(results: list[dict[str, Any]], output: str) -> None:
@@ -84,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--output", default="round_cost.png",
                       help="image path (png, pdf, svg)")
   args = parser.parse_args(argv)
-  plot(load(args.results), args.output)
+  results = load(args.results)
+  plot(results, args.output)
+  print(summary(results))
   print(f"wrote {args.output}")
 
 

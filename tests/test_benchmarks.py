@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 
+import jax
 import pytest
 
 from benchmarks import cells
@@ -61,6 +63,13 @@ def test_round_cost_tiny_grid_writes_json(tmp_path):
     assert results[0]["torch_max_abs_diff"] < 1e-4
 
 
+def test_cnn_digits_cell_is_the_cnn_on_8x8_inputs():
+  problem = cells.make_problem("cnn_digits", "patches", 2, 3)
+  assert problem.clients.support["x"].shape == (2, 3, 8, 8, 1)
+  assert problem.num_classes == 10
+  assert sum(a.size for a in jax.tree.leaves(problem.params)) == 155_626
+
+
 def test_round_flops_counts_gradients():
   problem = cells.make_problem("tiny_cnn", "patches", 3, 4)
   one = cells.gradient_flops(problem, 4)
@@ -85,6 +94,9 @@ def test_plot_writes_png(tmp_path):
   lines = plot.series(results)[("augfl", "cnn", "patches", 15)]
   assert lines["map"] == [(10, 1.0, 0.9, 1.1), (100, 9.0, 8.1, 9.9)]
   assert lines["ref torch:1"][1][1] == 18.0
+  assert plot.loglog_slope(lines["map"]) == pytest.approx(
+      math.log(9.0) / math.log(10.0))
+  assert "slope 0.954" in plot.summary(results)
   path = tmp_path / "plot.png"
   plot.plot(results, str(path))
   assert path.read_bytes()[:4] == b"\x89PNG"
