@@ -126,7 +126,7 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
     with pytest.raises(ValueError, match="holds a different run") as e:
       runner.run(dataclasses.replace(config, seed=1, alpha=0.1), out,
                  log=QUIET)
-    assert "seed: 0 -> 1" in str(e.value) and "alpha: 0.3 -> 0.1" in str(
+    assert "seed: 0 -> 1" in str(e.value) and "alpha: 0.03 -> 0.1" in str(
         e.value) and "--overwrite" in str(e.value)
   assert open(os.path.join(out, "metrics.jsonl")).read() == before
   # --overwrite replaces it: new config, new metrics, only new checkpoints.

@@ -42,7 +42,7 @@ def pm_dir(tmp_path_factory):
   split); its weights are a fresh initialisation: training it would only
   cost time here (pretraining has its own tests)."""
   path = str(tmp_path_factory.mktemp("pm") / "digits_mlp")
-  mlp = models.create_model("mlp", 10, norm="batch")
+  mlp = models.create_model("mlp", 10, norm="group")
   shapes = jax.eval_shape(
       lambda: models.init_params(mlp, jax.random.key(0), (8, 8, 1)))
   rng = np.random.default_rng(0)
