@@ -33,7 +33,7 @@ from augfl_jax.types import Batch, ClientData, LossFn, Params
 
 @dataclasses.dataclass(frozen=True)
 class AugFLConfig:
-  """Hyper-parameters of AugFL (SPEC §5 defaults).
+  """Hyper-parameters of AugFL (defaults: the paper's §VI-A).
 
   Attributes:
     alpha: inner (fast-adaptation) step size of Eq. (7).

@@ -1,4 +1,4 @@
-"""Fast adaptation on held-out clients (SPEC §2, the paper's test protocol).
+"""Fast adaptation on held-out clients (the paper's test protocol, Algorithm 1).
 
 A test client, never trained on, starts from the global model, takes ``steps``
 full-batch SGD steps of size ``alpha`` on its support set, and is scored on

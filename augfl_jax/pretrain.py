@@ -1,4 +1,4 @@
-"""Pretraining the server's private model (the PM, SPEC §5) and its checkpoint.
+"""Pretraining the server's private model (the PM) and its checkpoint.
 
 The PM is trained on the server split only (never on client data) with the
 reference recipe: SGD with momentum 0.9, weight decay 5e-4 (coupled, as
@@ -62,7 +62,7 @@ Log = Callable[[str], None]
 
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
-  """Hyper-parameters of PM pretraining (reference defaults, SPEC §5).
+  """Hyper-parameters of PM pretraining (the reference's).
 
   Attributes:
     model: the PM architecture's name (``models.create_model``); recorded in

@@ -31,7 +31,7 @@ MODELS = {
     "cnn_digits": ("cnn", (8, 8, 1), 10, {}),
     "tiny_cnn": ("cnn", (8, 8, 1), 5, {"widths": (4,), "dense": 8}),
 }
-AUGFL_CONFIG = augfl.AugFLConfig()  # SPEC §5: alpha 0.03, rho 0.7, lam 0
+AUGFL_CONFIG = augfl.AugFLConfig()  # the paper's: alpha 0.03, rho 0.7, lam 0
 FEDAVG_CONFIG = fedavg.FedAvgConfig()  # lr 0.05, 1 epoch, batch 10
 PER_FEDAVG_CONFIG = per_fedavg.PerFedAvgConfig()  # hf, 5 steps, batch 10
 _TORCH_DEFAULT_THREADS: dict[str, int] = {}

@@ -3,7 +3,7 @@
 What the authors' public PyTorch code does, written as directly as PyTorch
 allows: for each client in turn, four gradient evaluations with
 ``torch.autograd.grad`` and a finite-difference Hessian-vector product
-(Eqs. (7), (10), (11), (12) of SPEC §2), then the server's Eq. (13).
+(Eqs. (7), (10), (11), (12) of AugFL Algorithm 1), then the server's Eq. (13).
 
 The models mirror ``augfl_jax.models`` exactly (same parameter shapes and
 order, NHWC flattening in the CNN, PyTorch-style padding in the ResNet) and

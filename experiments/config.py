@@ -1,7 +1,7 @@
 """The configuration of one run: fields, presets, validation.
 
 ``RunConfig`` holds every choice a run makes; a field left ``None`` takes the
-dataset's preset, then the paper's value (SPEC §5), then the algorithm's own
+dataset's preset, then the paper's value (§VI-A), then the algorithm's own
 default. ``validate`` returns the resolved config or raises ``ValueError``
 with one line saying what is wrong and what would be right; it runs before
 any data is loaded or anything is compiled.
@@ -36,7 +36,7 @@ DATASET_PRESETS = {
     "cifar10": {"model": "resnet8x4"},
     "cifar100": {"model": "resnet8x4"},
 }
-# The paper's hyper-parameters (SPEC §5) and the reference PM recipe.
+# The paper's hyper-parameters (§VI-A) and the reference PM recipe.
 PAPER_DEFAULTS = {"alpha": 0.03, "rho": 0.7, "lam": 5.0, "norm": "batch",
                   "pm_model": "resnet32x4", "pm_epochs": 240}
 # Where pretrained models are kept by default: PM_ROOT/pm/<dataset>_<model>_...

@@ -6,7 +6,7 @@ r"""Out-of-distribution evaluation: leave one rotated domain out.
       --examples_per_client=500
 
 Protocol (Rotated-MNIST domain generalisation, as FedOA's "leave one task
-out" for images, SPEC §8; ``augfl_jax.data.rotated``): the examples outside
+out" for images; ``augfl_jax.data.rotated``): the examples outside
 the dataset's server split are drawn into one domain per angle of
 ``--angles`` (default 0, 15, 30, 45, 60, 75 degrees), rotated by it and dealt
 to ``--clients_per_domain`` clients of ``--examples_per_client`` examples

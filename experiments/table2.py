@@ -4,7 +4,7 @@ r"""The paper's Table II: every method on every dataset, several seeds.
   python -m experiments.table2 --datasets=digits,fashion_mnist \
       --methods=fedavg,augfl_wo_pm,augfl --data_dir=~/tfds
 
-Protocol (the paper's, SPEC §5): M = 20, two classes per client, 80% of the
+Protocol (the paper's §VI-A): M = 20, two classes per client, 80% of the
 clients train and 20% are held out; every method is scored by ONE rule: a
 held-out client personalises the trained state with its support set by the
 method's own procedure (fast adaptation of the global model for FedAvg,

@@ -1,4 +1,4 @@
-"""FedBC and Per-FedBC (Federated Learning Beyond Consensus, SPEC §7).
+"""FedBC and Per-FedBC (Federated Learning Beyond Consensus).
 
 Consensus ``x_i = z`` is relaxed to proximity, problem (7) of the paper:
 ``min sum_i f_i(x_i)  s.t.  ||x_i - z||^2 <= gamma_i``, solved by a

@@ -1,4 +1,4 @@
-"""Splitting a dataset into a server split and federated clients (SPEC §5).
+"""Splitting a dataset into a server split and federated clients (§VI-A).
 
 A :class:`Partition` only holds example indices into a dataset; the arrays are
 gathered and padded later by :mod:`augfl_jax.data.federated`.
@@ -78,7 +78,7 @@ class Partition:
 
 def server_split(num_examples: int,
                  server_size: int) -> tuple[np.ndarray, np.ndarray]:
-  """The server split is the first ``server_size`` examples (SPEC §5).
+  """The server split is the first ``server_size`` examples (§VI-A).
 
   Args:
     num_examples: dataset size ``n``.
@@ -233,7 +233,7 @@ def pathological_partition(
     seed: int,
     num_classes: int | None = None,
 ) -> Partition:
-  """The paper's pathological non-IID partition (SPEC §5).
+  """The paper's pathological non-IID partition (§VI-A).
 
   Client ``i`` gets ``|D_i| ~ U{M, ..., 2M}`` examples from exactly
   ``classes_per_client`` distinct random classes, ``|D_i| // k`` per class with

@@ -1,7 +1,7 @@
 """Where the examples come from: TFDS image datasets and two embedded ones.
 
 Every loader returns a :class:`Dataset` of whole-split numpy arrays in the
-source's own order (the server split of SPEC §5 is "the first n examples", so
+source's own order (the paper's server split is "the first n examples", so
 the order is part of the protocol):
 
 * TFDS (``emnist/letters``, ``fashion_mnist``, ``mnist``, ``cifar10``,
@@ -10,7 +10,7 @@ the order is part of the protocol):
   :class:`DatasetUnavailableError` at once; nothing ever touches the network.
   TensorFlow is imported lazily, only when one of these is asked for.
 * ``digits``: scikit-learn's bundled 8x8 digits (no download, no TF).
-* ``synthetic``: FedProx's Synthetic(alpha, beta) generator (SPEC §7).
+* ``synthetic``: FedProx's Synthetic(alpha, beta) generator (FedBC's paper).
 
 Images are scaled to [0, 1] and then standardised per channel with the
 dataset's own mean and standard deviation (computed on the whole split).
@@ -75,7 +75,7 @@ _TFDS: dict[str, tuple[int, int | None]] = {
 }
 _EMBEDDED = ("digits", "synthetic")
 
-# Protocol defaults per dataset (SPEC §5): number of clients N and the size of
+# Protocol defaults per dataset (§VI-A): number of clients N and the size of
 # the server split. `synthetic` has natural clients and no server split.
 DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "emnist/letters": {"num_clients": 100, "server_size": 10000},
@@ -269,7 +269,7 @@ def synthetic_dataset(
     num_clients: int = 30,
     seed: int = 0,
 ) -> Dataset:
-  """FedProx's Synthetic(alpha, beta) (SPEC §7), deterministic from ``seed``.
+  """FedProx's Synthetic(alpha, beta) (FedBC), deterministic from ``seed``.
 
   Follows the FedProx reference generator (``generate_synthetic.py``), with
   ``np.random.default_rng(seed)`` instead of the global numpy state. For each

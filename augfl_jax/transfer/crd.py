@@ -1,6 +1,6 @@
 """Contrastive representation distillation (CRD) as AugFL's server R_h.
 
-AugFL Section V, SPEC §3; Tian et al., "Contrastive Representation
+AugFL Section V; Tian et al., "Contrastive Representation
 Distillation", ICLR 2020 (reference: HobbitLong/RepDistiller, ``crd/``).
 
 On server examples x with dataset index i and label y:

@@ -1,4 +1,4 @@
-"""The CRD loss of one minibatch (SPEC §3; RepDistiller ``crd/``).
+"""The CRD loss of one minibatch (AugFL Section V; RepDistiller ``crd/``).
 
 Pure functions of arrays; ``augfl_jax.transfer.crd`` holds the state (heads,
 banks, constants) and the server step that calls them. With ``n`` server
