@@ -47,6 +47,14 @@ def client_keys(key: PRNGKey, round_: jax.Array,
   return jax.vmap(lambda i: jax.random.fold_in(round_key, i))(client_ids)
 
 
+def participant_keys(key: PRNGKey, round_: jax.Array, num_clients: int,
+                     participants: jax.Array | None) -> PRNGKey:
+  """:func:`client_keys` of a round's participants: ``[K]`` for the ids
+  ``participants`` (``[K]``), ``[num_clients]`` for all when None."""
+  ids = jnp.arange(num_clients) if participants is None else participants
+  return client_keys(key, round_, ids)
+
+
 def make_averaging_round(
     local_update: LocalUpdate,
     strategy: str | clients_lib.ClientStrategy | None = None):
@@ -61,11 +69,11 @@ def make_averaging_round(
 
   def round_fn(state: AveragingState, clients: ClientData,
                participants: jax.Array | None = None):
-    ids = (jnp.arange(clients.num_examples.shape[0])
-           if participants is None else participants)
     select, _ = tree.client_subset(participants)
     per_client = dict(data=select(clients),
-                      key=client_keys(state.key, state.round, ids))
+                      key=participant_keys(
+                          state.key, state.round, clients.num_clients,
+                          participants))
     new_params, losses = clients_lib.map_clients(
         lambda c: local_update(state.params, c["data"], c["key"]),
         per_client, strategy)

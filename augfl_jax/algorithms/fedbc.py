@@ -325,12 +325,12 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
 
   def round_fn(state: FedBCState, clients: ClientData,
                participants: jax.Array | None = None):
-    ids = (jnp.arange(clients.num_examples.shape[0])
-           if participants is None else participants)
     select, merge = tree.client_subset(participants)
     per_client = dict(data=select(clients), lam=select(state.lambdas),
                       gamma=select(state.gammas),
-                      key=averaging.client_keys(state.key, state.round, ids))
+                      key=averaging.participant_keys(
+                          state.key, state.round, clients.num_clients,
+                          participants))
     if config.start_from == "x":
       per_client["x"] = select(state.client_params)
 

@@ -282,12 +282,12 @@ def make_round(model: nn.Module, config: FedCPConfig,
 
   def round_fn(state: FedCPState, clients: ClientData,
                participants: jax.Array | None = None):
-    ids = (jnp.arange(clients.num_examples.shape[0])
-           if participants is None else participants)
     select, merge = tree.client_subset(participants)
     per_client = dict(head=select(state.personal_heads),
                       data=select(clients),
-                      key=averaging.client_keys(state.key, state.round, ids))
+                      key=averaging.participant_keys(
+                          state.key, state.round, clients.num_clients,
+                          participants))
 
     def one_client(c):
       data = local.concat_batches(c["data"].support, c["data"].query)

@@ -117,19 +117,20 @@ def make_round(model: nn.Module, config: FedITConfig,
 
   ``clients`` holds all ``C`` training clients; ``participants`` (``[K]``
   int32, default all) picks who trains. Client randomness is
-  ``averaging.client_keys(state.key, state.round, ids)``. Metrics: ``loss``
-  (sample-weighted local training loss) and ``client_loss`` (``[K]``).
+  ``averaging.participant_keys(state.key, state.round, C, participants)``.
+  Metrics: ``loss`` (sample-weighted local training loss) and ``client_loss``
+  (``[K]``).
   """
   strategy = clients_lib.as_strategy(strategy)
 
   def round_fn(state: FedITState, clients: ClientData,
                participants: jax.Array | None = None):
-    ids = (jnp.arange(clients.num_examples.shape[0])
-           if participants is None else participants)
     select, _ = tree.client_subset(participants)
     per_client = dict(
         data=select(clients),
-        key=averaging.client_keys(state.key, state.round, ids))
+        key=averaging.participant_keys(
+            state.key, state.round, clients.num_clients,
+            participants))
     adapters, losses = clients_lib.map_clients(
         lambda c: local_update(model, config, state.backbone,
                                state.global_adapter, c["data"], c["key"]),

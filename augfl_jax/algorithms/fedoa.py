@@ -227,12 +227,12 @@ def make_round(model: nn.Module, config: FedOAConfig,
 
   def round_fn(state: FedOAState, clients: ClientData,
                participants: jax.Array | None = None):
-    ids = (jnp.arange(clients.num_examples.shape[0])
-           if participants is None else participants)
     select, merge_rows = tree.client_subset(participants)
     per_client = dict(
         data=select(clients), personal=select(state.personal_adapters),
-        key=averaging.client_keys(state.key, state.round, ids))
+        key=averaging.participant_keys(
+            state.key, state.round, clients.num_clients,
+            participants))
     globals_, personals, g_loss, p_loss = clients_lib.map_clients(
         lambda c: client_update(model, config, state.backbone,
                                 state.global_adapter, c["personal"],

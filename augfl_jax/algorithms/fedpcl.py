@@ -55,7 +55,6 @@ import dataclasses
 from typing import Callable
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -104,46 +103,9 @@ class FedPCLConfig:
                        f"{prototypes.WEIGHTINGS}, got {self.proto_weighting!r}")
 
 
-@flax.struct.dataclass
-class FedPCLState:
-  """Attributes:
-    client_params: the personal projectors, leaves ``[C, ...]``.
-    local_protos: ``[C, K, d]``, the latest local prototypes of each client.
-    local_counts: ``[C, K]``, their counts (0: not held / not reported).
-    global_protos: ``[K, d]``; global_counts ``[K]`` (0: none for class k).
-    init_params: the initial projector (where a new client starts).
-    key: root PRNG key; round: scalar int32.
-  """
-
-  client_params: Params
-  local_protos: jax.Array
-  local_counts: jax.Array
-  global_protos: jax.Array
-  global_counts: jax.Array
-  init_params: Params
-  key: PRNGKey
-  round: jax.Array
-
-
-def init_state(params: Params, num_clients: int, key: PRNGKey, *,
-               num_classes: int | None = None,
-               feature_dim: int | None = None) -> FedPCLState:
-  """Every projector starts from ``params``; no prototypes yet.
-
-  ``num_classes`` and ``feature_dim`` default to the projector's classifier
-  kernel ``[d, K]`` (the classifier itself is not used by FedPCL).
-  """
-  if num_classes is None or feature_dim is None:
-    d, k = prototypes.head_shape(params)
-    num_classes = k if num_classes is None else num_classes
-    feature_dim = d if feature_dim is None else feature_dim
-  return FedPCLState(
-      client_params=tree.broadcast_to_clients(params, num_clients),
-      local_protos=jnp.zeros((num_clients, num_classes, feature_dim)),
-      local_counts=jnp.zeros((num_clients, num_classes)),
-      global_protos=jnp.zeros((num_classes, feature_dim)),
-      global_counts=jnp.zeros((num_classes,)),
-      init_params=params, key=key, round=jnp.zeros((), jnp.int32))
+# The state and its initialisation are the shared prototype ones.
+FedPCLState = prototypes.PrototypeState
+init_state = prototypes.init_state
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
@@ -277,12 +239,12 @@ def make_round(model: nn.Module, config: FedPCLConfig,
 
   def round_fn(state: FedPCLState, clients: ClientData,
                participants: jax.Array | None = None):
-    ids = (jnp.arange(clients.num_examples.shape[0])
-           if participants is None else participants)
     select, merge = tree.client_subset(participants)
     per_client = dict(params=select(state.client_params),
                       data=select(clients),
-                      key=averaging.client_keys(state.key, state.round, ids))
+                      key=averaging.participant_keys(
+                          state.key, state.round, clients.num_clients,
+                          participants))
 
     def one_client(c):
       data = encode(encoder_apply,

@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
@@ -107,49 +106,9 @@ class FedProtoConfig:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
-@flax.struct.dataclass
-class FedProtoState:
-  """Attributes:
-    client_params: the personal models, leaves ``[C, ...]``.
-    local_protos: ``[C, K, d]``, the latest prototypes each client sent.
-    local_counts: ``[C, K]``, their example counts n_ik (0: not held / not
-      reported yet).
-    global_protos: ``[K, d]``, Cbar.
-    global_counts: ``[K]``, N_k (0: no global prototype for class k).
-    init_params: theta^0, where a new client starts.
-    key: the root PRNG key.
-    round: scalar int32, rounds completed.
-  """
-
-  client_params: Params
-  local_protos: jax.Array
-  local_counts: jax.Array
-  global_protos: jax.Array
-  global_counts: jax.Array
-  init_params: Params
-  key: PRNGKey
-  round: jax.Array
-
-
-def init_state(params: Params, num_clients: int, key: PRNGKey, *,
-               num_classes: int | None = None,
-               feature_dim: int | None = None) -> FedProtoState:
-  """Every client starts from ``params``; no prototypes yet.
-
-  ``num_classes`` and ``feature_dim`` default to the shape of the model's
-  classifier kernel ``[d, K]`` (``params["head"]`` or ``params["fc"]``).
-  """
-  if num_classes is None or feature_dim is None:
-    d, k = prototypes.head_shape(params)
-    num_classes = k if num_classes is None else num_classes
-    feature_dim = d if feature_dim is None else feature_dim
-  return FedProtoState(
-      client_params=tree.broadcast_to_clients(params, num_clients),
-      local_protos=jnp.zeros((num_clients, num_classes, feature_dim)),
-      local_counts=jnp.zeros((num_clients, num_classes)),
-      global_protos=jnp.zeros((num_classes, feature_dim)),
-      global_counts=jnp.zeros((num_classes,)),
-      init_params=params, key=key, round=jnp.zeros((), jnp.int32))
+# The state and its initialisation are the shared prototype ones.
+FedProtoState = prototypes.PrototypeState
+init_state = prototypes.init_state
 
 
 def _labels(batch: Batch) -> jax.Array:
@@ -228,12 +187,12 @@ def make_round(model: nn.Module, config: FedProtoConfig,
 
   def round_fn(state: FedProtoState, clients: ClientData,
                participants: jax.Array | None = None):
-    ids = (jnp.arange(clients.num_examples.shape[0])
-           if participants is None else participants)
     select, merge = tree.client_subset(participants)
     per_client = dict(params=select(state.client_params),
                       data=select(clients),
-                      key=averaging.client_keys(state.key, state.round, ids))
+                      key=averaging.participant_keys(
+                          state.key, state.round, clients.num_clients,
+                          participants))
 
     def one_client(c):
       data = local.concat_batches(c["data"].support, c["data"].query)

@@ -16,7 +16,8 @@ prototype of class k over the clients that hold it:
   ``"uniform"``: ``Cbar^(k) = mean_{i: n_ik > 0} C_i^(k)`` (the public code of
                  FedProto and FedPCL, ``proto_aggregation``).
 
-Also here: nearest-prototype prediction, a minibatch-epoch loop with an optax
+Also here: the state of a prototype method and its initialisation,
+nearest-prototype prediction, a minibatch-epoch loop with an optax
 optimizer (the reference methods use SGD with momentum, which
 ``augfl_jax.local.sgd_epochs`` does not offer), and the evaluation metrics
 every method reports.
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import local
+from augfl_jax import local, tree
 from augfl_jax.types import Batch, Params, PRNGKey
 
 WEIGHTINGS = ("count", "uniform")
@@ -97,9 +99,57 @@ def aggregate_prototypes(local_protos: jax.Array, local_counts: jax.Array,
           jnp.sum(local_counts, axis=0))
 
 
-def server_step(state, merge: Callable, params: Params, protos: jax.Array,
-                counts: jax.Array, losses: jax.Array, weights: jax.Array,
-                weighting: str):
+@flax.struct.dataclass
+class PrototypeState:
+  """The state of a prototype method (FedProto, FedPCL).
+
+  Attributes:
+    client_params: the personal models (FedPCL: projectors), leaves
+      ``[C, ...]``.
+    local_protos: ``[C, K, d]``, the latest prototypes each client sent.
+    local_counts: ``[C, K]``, their example counts n_ik (0: not held / not
+      reported yet).
+    global_protos: ``[K, d]``, Cbar.
+    global_counts: ``[K]``, N_k (0: no global prototype for class k).
+    init_params: theta^0, where a new client starts.
+    key: the root PRNG key.
+    round: scalar int32, rounds completed.
+  """
+
+  client_params: Params
+  local_protos: jax.Array
+  local_counts: jax.Array
+  global_protos: jax.Array
+  global_counts: jax.Array
+  init_params: Params
+  key: PRNGKey
+  round: jax.Array
+
+
+def init_state(params: Params, num_clients: int, key: PRNGKey, *,
+               num_classes: int | None = None,
+               feature_dim: int | None = None) -> PrototypeState:
+  """Every client starts from ``params``; no prototypes yet.
+
+  ``num_classes`` and ``feature_dim`` default to the shape of the model's
+  classifier kernel ``[d, K]`` (``params["head"]`` or ``params["fc"]``).
+  """
+  if num_classes is None or feature_dim is None:
+    d, k = head_shape(params)
+    num_classes = k if num_classes is None else num_classes
+    feature_dim = d if feature_dim is None else feature_dim
+  return PrototypeState(
+      client_params=tree.broadcast_to_clients(params, num_clients),
+      local_protos=jnp.zeros((num_clients, num_classes, feature_dim)),
+      local_counts=jnp.zeros((num_clients, num_classes)),
+      global_protos=jnp.zeros((num_classes, feature_dim)),
+      global_counts=jnp.zeros((num_classes,)),
+      init_params=params, key=key, round=jnp.zeros((), jnp.int32))
+
+
+def server_step(state: PrototypeState, merge: Callable, params: Params,
+                protos: jax.Array, counts: jax.Array, losses: jax.Array,
+                weights: jax.Array, weighting: str):
   """The server side of a prototype round (FedProto, FedPCL).
 
   Writes the participants' personal models, prototypes ``[K_p, K, d]`` and
