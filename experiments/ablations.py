@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -115,19 +114,15 @@ def run_study(study: str, base: RunConfig, seeds: list[int], out: str,
 
 def main(argv):
   del argv
-  run_flags.quiet_logging()
-  if FLAGS.compilation_cache:  # the runs share compiled programs
-    run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
-  try:
+
+  def body():
     base = run_flags.config_from_flags()
     out = FLAGS.output_dir or f"runs/ablation_{FLAGS.study}_{base.dataset}"
     run_study(FLAGS.study, base, sweep.parse_list(FLAGS.seeds, int, "seeds"),
               out, tuple(sweep.parse_list(FLAGS.lams, float, "lams")))
-  except (ValueError, FloatingPointError, FileNotFoundError,
-          runner.data.DatasetUnavailableError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  print(f"results and plots in {out}")
+    return out
+
+  print(f"results and plots in {sweep.run_command(body)}")
 
 
 if __name__ == "__main__":

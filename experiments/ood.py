@@ -48,7 +48,6 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 from typing import Any, Callable, Sequence
 
 from absl import app
@@ -355,10 +354,10 @@ def write_tables(rows: list[dict[str, Any]], datasets: Sequence[str],
           _cell(values(m, field, angle)) for m, field, _ in columns) + " |")
     averages = []
     for method, field, _ in columns:
-      per_seed = [np.mean(values(method, field, seed=s)) for s in seeds
-                  if len(values(method, field, seed=s)) == len(angles)]
+      by_seed = (values(method, field, seed=s) for s in seeds)
+      per_seed = [np.mean(v) for v in by_seed if len(v) == len(angles)]
       averages.append(_cell(per_seed))
-    text += [f"| average | " + " | ".join(averages) + " |", ""]
+    text += ["| average | " + " | ".join(averages) + " |", ""]
   markdown = "\n".join(text)
   with open(os.path.join(out, "ood.md"), "w") as f:
     f.write(markdown)
@@ -387,11 +386,9 @@ def define_flags() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  run_flags.quiet_logging()
-  if FLAGS.compilation_cache:  # the runs share compiled programs
-    run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
   out = FLAGS.output_dir or "runs/ood"
-  try:
+
+  def body():
     protocol = Protocol(
         angles=tuple(sweep.parse_list(FLAGS.angles, float, "angles")),
         clients_per_domain=FLAGS.clients_per_domain,
@@ -399,13 +396,11 @@ def main(argv):
         shared_images=FLAGS.shared_images)
     held_out = (None if FLAGS.held_out is None
                 else sweep.parse_list(FLAGS.held_out, float, "held_out"))
-    text = run_ood(run_flags.config_from_flags(), FLAGS.datasets,
+    return run_ood(run_flags.config_from_flags(), FLAGS.datasets,
                    FLAGS.algorithms, held_out,
                    sweep.parse_list(FLAGS.seeds, int, "seeds"), out, protocol)
-  except (ValueError, FloatingPointError, FileNotFoundError,
-          runner.data.DatasetUnavailableError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+
+  text = sweep.run_command(body)
   print(text)
   print(f"tables and runs in {out}")
 

@@ -146,21 +146,32 @@ def run_cells(base: RunConfig, cells: list[dict[str, object]],
   return rows
 
 
-def main(argv):
-  del argv
+def run_command(body: Callable[[], Any]) -> Any:
+  """A comparison command's ``main`` (sweep, ablations, table2, ood): quiet
+  logs, one compilation cache for all its runs (``--compilation_cache``),
+  and ``body()``, whose bad configuration or failed run ends the process as
+  one line on stderr (exit 2) instead of a traceback."""
   run_flags.quiet_logging()
   if FLAGS.compilation_cache:  # the runs share compiled programs
     run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
   try:
-    base = run_flags.config_from_flags()
-    cells = parse_grid(FLAGS.grid)
-    seeds = parse_list(FLAGS.seeds, int, "seeds")
-    out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
-    rows = run_cells(base, cells, seeds, out)
+    return body()
   except (ValueError, FloatingPointError, FileNotFoundError,
           runner.data.DatasetUnavailableError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+
+
+def main(argv):
+  del argv
+
+  def body():
+    base = run_flags.config_from_flags()
+    out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
+    return base, out, run_cells(base, parse_grid(FLAGS.grid),
+                                parse_list(FLAGS.seeds, int, "seeds"), out)
+
+  base, out, rows = run_command(body)
   write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
                f"{base.rounds} rounds")
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -126,19 +125,10 @@ def run_table(base: RunConfig, datasets: list[str], methods: list[str],
 
 def main(argv):
   del argv
-  run_flags.quiet_logging()
-  if FLAGS.compilation_cache:  # the runs share compiled programs
-    run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
   out = FLAGS.output_dir or "runs/table2"
-  try:
-    text = run_table(run_flags.config_from_flags(), FLAGS.datasets,
-                     FLAGS.methods,
-                     sweep.parse_list(FLAGS.seeds, int, "seeds"), out)
-  except (ValueError, FloatingPointError, FileNotFoundError,
-          runner.data.DatasetUnavailableError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  print(text)
+  print(sweep.run_command(lambda: run_table(
+      run_flags.config_from_flags(), FLAGS.datasets, FLAGS.methods,
+      sweep.parse_list(FLAGS.seeds, int, "seeds"), out)))
   print(f"table and runs in {out}")
 
 
