@@ -6,8 +6,10 @@ r"""Pretrains the server's private model (PM) on the server split and saves it.
 
 The server split is the first ``--server_size`` examples of the dataset (the
 clients never see them); the last 10% of it are held out for the reported
-accuracy. The checkpoint goes to ``--pm_dir`` (default
-``runs/pm/<dataset>_<model>_srv<server_size>``) and replaces any PM there.
+accuracy. The checkpoint goes to ``--pm_dir`` (default: the directory
+``experiments.run`` looks in for the same dataset, PM model, norm, kwargs
+and split, ``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>]_srv<n>``) and
+replaces any PM there.
 """
 
 from __future__ import annotations
@@ -21,11 +23,9 @@ from absl import logging
 from augfl_jax import data, models, pretrain
 from experiments import config as run_config
 
-# Defaults from experiments.config: the paper's PM (resnet32x4, 240 epochs)
-# for the image datasets; on digits a small CNN for 30 epochs (~6 s of
-# training after ~15 s of compilation on a 2-core CPU, ~98% on the non-server
-# examples; 60 epochs gain nothing).
-DEFAULT_ROOT = run_config.PM_ROOT
+# Defaults from experiments.config, resolved as for a run: the paper's PM
+# (resnet32x4, 240 epochs) for the image datasets; on digits a small CNN for
+# 30 epochs.
 
 _DEFAULTS = pretrain.PretrainConfig()
 
@@ -33,8 +33,9 @@ flags.DEFINE_string("dataset", "digits", "digits or a tfds dataset: mnist, "
                     "fashion_mnist, emnist/letters, cifar10, cifar100")
 flags.DEFINE_string("pm_model", None, "PM architecture: cnn, mlp, resnet32x4,"
                     " ... (default: cnn on digits, resnet32x4 otherwise)")
-flags.DEFINE_string("pm_norm", "batch", "normalisation layers of the PM: "
-                    "batch, group or none (ignored by logreg)")
+flags.DEFINE_string("pm_norm", None, "normalisation layers of the PM: "
+                    "batch, group or none (ignored by logreg; default: the "
+                    "runs' --norm, group on digits, batch otherwise)")
 flags.DEFINE_string("conv_impl", run_config.AUTO, "how the convolutions of "
                     "a cnn / resnet PM run: auto (patches on CPU, xla "
                     "elsewhere), xla or patches; not part of the checkpoint's "
@@ -46,7 +47,7 @@ flags.DEFINE_integer("epochs", None, "epochs (default: 30 on digits, 240, as "
 flags.DEFINE_integer("server_size", None, "server split: the first n examples"
                      " (default: per dataset)")
 flags.DEFINE_string("pm_dir", None, "where the checkpoint is written "
-                    "(default runs/pm/<dataset>_<model>_srv<server_size>)")
+                    "(default: where experiments.run looks for this PM)")
 flags.DEFINE_string("data_dir", None, "tfds data directory (datasets must be "
                     "prepared there)")
 flags.DEFINE_integer("seed", 0, "seed of the split (recorded) and of the "
@@ -91,18 +92,21 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
   try:
     _validate_flags()
-    presets = {**run_config.PAPER_DEFAULTS,
-               **run_config.DATASET_PRESETS.get(FLAGS.dataset, {})}
-    name = FLAGS.pm_model or presets["pm_model"]
+    # The runs' own resolution: the same PM model, norm, epochs, server split
+    # and default directory as ``experiments.run`` would look for.
+    run = run_config.resolve(run_config.RunConfig(
+        dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, seed=FLAGS.seed,
+        norm=FLAGS.pm_norm, conv_impl=FLAGS.conv_impl,
+        server_size=FLAGS.server_size, pm_model=FLAGS.pm_model,
+        pm_kwargs=FLAGS.pm_kwargs, pm_epochs=FLAGS.epochs,
+        pm_dir=FLAGS.pm_dir))
+    name, server_size, pm_dir = run.pm_model, run.server_size, run.pm_dir
     config = pretrain.PretrainConfig(
         model=name, seed=FLAGS.seed, lr=FLAGS.lr, batch_size=FLAGS.batch_size,
-        holdout_fraction=FLAGS.holdout_fraction,
-        epochs=FLAGS.epochs or presets["pm_epochs"])
+        holdout_fraction=FLAGS.holdout_fraction, epochs=run.pm_epochs)
     config.validate()
-    kwargs = run_config.model_kwargs(name, FLAGS.pm_norm, FLAGS.pm_kwargs,
-                                     FLAGS.conv_impl)
-    server_size = (data.DATASET_DEFAULTS[FLAGS.dataset]["server_size"]
-                   if FLAGS.server_size is None else FLAGS.server_size)
+    kwargs = run_config.model_kwargs(name, run.norm, run.pm_kwargs,
+                                     run.conv_impl)
     dataset = data.load_dataset(FLAGS.dataset, data_dir=FLAGS.data_dir,
                                 seed=FLAGS.seed)
     server_idx, _ = data.server_split(dataset.num_examples, server_size)
@@ -110,8 +114,6 @@ def main(argv):
       model = models.create_model(name, dataset.num_classes, **kwargs)
     except TypeError as e:  # an unknown field in --pm_kwargs
       raise ValueError(f"--pm_kwargs does not fit {name}: {e}") from e
-    pm_dir = FLAGS.pm_dir or pretrain.default_pm_dir(
-        DEFAULT_ROOT, FLAGS.dataset, name, server_size)
     server = {"x": dataset.x[server_idx], "y": dataset.y[server_idx]}
     print(f"pretraining {name} on the first {server_size} examples of "
           f"{FLAGS.dataset} for {config.epochs} epochs", flush=True)

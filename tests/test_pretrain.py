@@ -1,7 +1,5 @@
 """PM pretraining, its lr schedule, checkpoints and the pretrain_pm CLI."""
 
-import json
-import math
 import os
 import subprocess
 import sys
@@ -15,6 +13,7 @@ import pytest
 
 from augfl_jax import checkpoint, data, models
 from augfl_jax import pretrain as pt
+from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -296,6 +295,20 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path):
   assert meta["num_heldout"] == 20 and meta["epochs"] == 2
   assert f"held-out accuracy {100 * meta['heldout_accuracy']:.2f}%" in (
       result.stdout)
+
+
+def test_cli_pretrains_the_pm_a_default_run_uses(tmp_path):
+  """Same model, norm (GroupNorm on digits), split and default directory as
+  ``experiments.run`` resolves: the run reuses the PM instead of refusing
+  or retraining it."""
+  pm_dir = str(tmp_path / "pm")
+  result = _cli("--epochs=1", f"--pm_dir={pm_dir}")
+  assert result.returncode == 0, result.stderr
+  config = runner.validate(runner.RunConfig(rounds=1, pm_dir=pm_dir))
+  assert config.norm == "group"
+  lines = []
+  runner.run(config, str(tmp_path / "run"), log=lines.append)
+  assert not any("pretraining" in line for line in lines)
 
 
 @pytest.mark.parametrize("args,message", [
