@@ -16,18 +16,13 @@ import pytest
 from augfl_jax import models, pretrain
 from experiments import ablations
 from experiments import config as config_lib
-from experiments import run as run_cli
 from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-  xdg = tmp_path_factory.getbasetemp() / "xdg"
-  run_cli.enable_compilation_cache(str(xdg / "augfl_jax" / "jax_cache"))
-  yield str(xdg)
-  run_cli.disable_compilation_cache()
+# the CLI's compilation cache in the session's temp directory (conftest)
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from augfl_jax import evaluation, hvp, local, tree
+from augfl_jax import evaluation, local, tree
 from augfl_jax.algorithms import fedavg, per_fedavg
 from tests import tiny
 

@@ -8,7 +8,10 @@ import pytest
 
 from augfl_jax import models
 from augfl_jax.algorithms import fedcp
-from tests.test_fedproto import D, K, init_params, separable_clients
+from tests.test_fedproto import K, init_params, no_key, separable_clients
+
+
+pytestmark = pytest.mark.usefixtures("exact_matmuls")
 
 
 @pytest.mark.parametrize("with_noise", [False, True])
@@ -53,18 +56,6 @@ def test_context_is_the_normalised_class_sum_of_the_personal_head():
                              rtol=1e-6)
 
 
-@pytest.fixture(autouse=True)
-def _exact_matmuls():
-  """float32 matmuls everywhere (GPUs may default to TF32), so that vmap and
-  map agree to float32 rounding on any backend."""
-  with jax.default_matmul_precision("highest"):
-    yield
-
-
-def _no_key(state):
-  return state.replace(key=jax.random.key_data(state.key))
-
-
 @pytest.fixture(scope="module")
 def setup():
   model = models.MLP(num_classes=K, hidden=(8,))
@@ -82,7 +73,7 @@ def test_round_vmap_equals_map_and_aggregates_the_mixed_heads(setup):
   b, mb = fedcp.make_round(setup["model"], setup["config"], "map")(
       state, setup["train"])
   # Same arithmetic in a different batching: float32 rounding only.
-  chex.assert_trees_all_close(_no_key(a), _no_key(b), atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(no_key(a), no_key(b), atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-5)
   # Personal heads are kept per client and differ after training.
   kernels = np.asarray(a.personal_heads["kernel"])

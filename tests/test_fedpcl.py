@@ -8,7 +8,11 @@ import pytest
 
 from augfl_jax import models
 from augfl_jax.algorithms import fedpcl
-from tests.test_fedproto import D, K, separable_clients
+from tests.test_fedproto import D, K, no_key, separable_clients
+
+
+pytestmark = pytest.mark.usefixtures("exact_matmuls")
+
 
 ENC_DIM = 10
 _W_ENC = np.random.default_rng(7).normal(size=(D, ENC_DIM)).astype(
@@ -80,18 +84,6 @@ def test_contrastive_loss_is_zero_without_prototypes():
   assert float(value) == 0.0 and np.all(np.asarray(grad) == 0.0)
 
 
-@pytest.fixture(autouse=True)
-def _exact_matmuls():
-  """float32 matmuls everywhere (GPUs may default to TF32), so that vmap and
-  map agree to float32 rounding on any backend."""
-  with jax.default_matmul_precision("highest"):
-    yield
-
-
-def _no_key(state):
-  return state.replace(key=jax.random.key_data(state.key))
-
-
 @pytest.fixture(scope="module")
 def setup():
   projector = models.MLP(num_classes=K, hidden=(8,))
@@ -120,7 +112,7 @@ def test_round_vmap_equals_map(setup):
   b, mb = fedpcl.make_round(setup["model"], setup["config"], "map",
                             encoder_apply=encoder)(state, setup["train"])
   # Same arithmetic in a different batching: float32 rounding only.
-  chex.assert_trees_all_close(_no_key(a), _no_key(b), atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(no_key(a), no_key(b), atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-5)
   assert float(ma["loss"]) > 0
   # Round 2 trained: the projectors moved.

@@ -13,6 +13,9 @@ from augfl_jax.types import ClientData
 K, D = 3, 6
 
 
+pytestmark = pytest.mark.usefixtures("exact_matmuls")
+
+
 def separable_clients(seed, num_clients, n=6, pad=2, num_classes=K, dim=D):
   """Clients holding 2 of ``num_classes`` well-separated Gaussian classes.
 
@@ -156,15 +159,8 @@ def test_train_epochs_momentum_ignores_all_padding_minibatches():
   np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture(autouse=True)
-def _exact_matmuls():
-  """float32 matmuls everywhere (GPUs may default to TF32), so that vmap and
-  map agree to float32 rounding on any backend."""
-  with jax.default_matmul_precision("highest"):
-    yield
-
-
-def _no_key(state):
+def no_key(state):
+  """``state`` with its PRNG key as raw data (comparable with chex)."""
   return state.replace(key=jax.random.key_data(state.key))
 
 
@@ -185,7 +181,7 @@ def test_round_vmap_equals_map(setup):
   b, mb = fedproto.make_round(setup["model"], setup["config"], "map")(
       state, setup["train"])
   # Same arithmetic in a different batching: float32 rounding only.
-  chex.assert_trees_all_close(_no_key(a), _no_key(b), atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(no_key(a), no_key(b), atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(ma["loss"], mb["loss"], rtol=1e-5)
   # Prototypes come from the clients' own classes only.
   labels = np.concatenate([np.asarray(setup["train"].support["y"]),

@@ -19,7 +19,6 @@ import pytest
 from augfl_jax import data, models, pretrain
 from augfl_jax.data import rotated
 from experiments import ood
-from experiments import run as run_cli
 from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,12 +26,8 @@ PROTOCOL = ood.Protocol(angles=(0.0, 45.0, 90.0), clients_per_domain=1,
                         examples_per_client=30)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-  xdg = tmp_path_factory.getbasetemp() / "xdg"
-  run_cli.enable_compilation_cache(str(xdg / "augfl_jax" / "jax_cache"))
-  yield str(xdg)
-  run_cli.disable_compilation_cache()
+# the CLI's compilation cache in the session's temp directory (conftest)
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 @pytest.fixture(scope="module")

@@ -19,21 +19,14 @@ import numpy as np
 import pytest
 
 from augfl_jax import algorithms, checkpoint, clients, models, pretrain
-from experiments import run as run_cli
 from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PM_RUN = dict(lam=5.0, pm_model="mlp")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-  """The CLI's default cache, pointed into the session's temp directory
-  (``XDG_CACHE_HOME``) for this process and its subprocesses."""
-  xdg = tmp_path_factory.getbasetemp() / "xdg"
-  run_cli.enable_compilation_cache(str(xdg / "augfl_jax" / "jax_cache"))
-  yield str(xdg)
-  run_cli.disable_compilation_cache()
+# the CLI's compilation cache in the session's temp directory (conftest)
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 @pytest.fixture(scope="module")
