@@ -39,6 +39,7 @@ import numpy as np
 import optax
 
 from augfl_jax import checkpoint, local, models
+from augfl_jax.training.progress import Progress
 from augfl_jax.types import Batch, Params
 
 __all__ = [
@@ -163,11 +164,16 @@ def _loss_and_correct(model: nn.Module):
 @functools.lru_cache(maxsize=8)
 def _jitted(model: nn.Module, config: PretrainConfig, steps_per_epoch: int,
             input_shape: tuple[int, ...]):
-  """``(init, train_epoch, evaluate)``, jitted once per model and recipe.
+  """``(init, shuffle, train_step, evaluate)``, jitted once per model and
+  recipe.
 
-  Cached so that pretraining twice with the same model, hyper-parameters and
-  shapes (tests, sweeps over seeds) compiles once; ``config`` comes with the
-  fields that do not enter the computation reset.
+  One optimizer step per call (not a scan over the epoch), so that a slow
+  model reports progress within an epoch; a step also returns its loss
+  sum, not donated, for the caller to wait on (one step in flight: the
+  dispatch of the next step is microseconds against a step's work). Cached so that pretraining twice
+  with the same model, hyper-parameters and shapes (tests, sweeps over
+  seeds) compiles once; ``config`` comes with the fields that do not enter
+  the computation reset.
   """
   optimizer = make_optimizer(config, steps_per_epoch)
   loss_fn = _loss_and_correct(model)
@@ -178,27 +184,26 @@ def _jitted(model: nn.Module, config: PretrainConfig, steps_per_epoch: int,
     params = models.init_params(model, init_key, input_shape)
     return params, optimizer.init(params), shuffle_key
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def train_epoch(params, opt_state, shuffle_key, epoch, data):
-    def step(carry, minibatch):
-      params, opt_state, sums = carry
-      (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          params, minibatch)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state,
-              sums + stats), None
+  @jax.jit
+  def shuffle(shuffle_key, epoch, data):
+    """The epoch's minibatches, ``[steps_per_epoch, batch_size, ...]``."""
+    return local.epoch_batches(jax.random.fold_in(shuffle_key, epoch), data,
+                               config.batch_size)
 
-    batches = local.epoch_batches(jax.random.fold_in(shuffle_key, epoch),
-                                  data, config.batch_size)
-    (params, opt_state, sums), _ = jax.lax.scan(
-        step, (params, opt_state, jnp.zeros((3,))), batches)
-    return params, opt_state, sums
+  @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+  def train_step(params, opt_state, sums, batches, index):
+    minibatch = jax.tree.map(lambda b: b[index], batches)
+    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, minibatch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state, sums + stats,
+            stats[0])
 
   @jax.jit
   def evaluate(params, chunks):
     return jnp.sum(jax.lax.map(lambda c: loss_fn(params, c)[1], chunks), 0)
 
-  return init, train_epoch, evaluate
+  return init, shuffle, train_step, evaluate
 
 
 def _split(server: Batch, holdout_fraction: float
@@ -236,7 +241,8 @@ def _rates(sums: jax.Array) -> tuple[float, float]:
 
 
 def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
-             log: Log | None = None) -> tuple[Params, dict[str, float]]:
+             log: Log | None = None, log_seconds: float = 30.0
+            ) -> tuple[Params, dict[str, float]]:
   """Trains ``model`` from scratch on the server split.
 
   Args:
@@ -246,7 +252,11 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
       ``n - floor(holdout_fraction * n)`` examples are trained on, the rest
       only scored.
     config: the hyper-parameters.
-    log: optional callback receiving progress lines.
+    log: optional callback receiving progress lines: the epochs of
+      ``config.log_every`` (default about 10 lines), and a line at least
+      every ``log_seconds`` (within an epoch too), each with the time per
+      step and the time left.
+    log_seconds: the longest silence between two progress lines.
 
   Returns:
     ``(params, metrics)``; metrics holds ``train_loss`` and
@@ -263,7 +273,7 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
   train, held = _split(server, config.holdout_fraction)
   n_train, n_held = len(train["y"]), len(held["y"])
   steps_per_epoch = -(-n_train // config.batch_size)
-  init, train_epoch, evaluate = _jitted(
+  init, shuffle, train_step, evaluate = _jitted(
       model, dataclasses.replace(config, model="", seed=0, log_every=None,
                                  holdout_fraction=0.0, eval_batch_size=1),
       steps_per_epoch, tuple(train["x"].shape[1:]))
@@ -275,11 +285,25 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
   params, opt_state, shuffle_key = init(config.seed)
   train = jax.device_put(train)
   every = config.log_every or max(1, config.epochs // 10)
+  progress = Progress(config.epochs * steps_per_epoch)
+  last_line = time.perf_counter()
   for epoch in range(1, config.epochs + 1):
-    params, opt_state, sums = train_epoch(params, opt_state, shuffle_key,
-                                          epoch, train)
+    batches = shuffle(shuffle_key, epoch, train)
+    sums = jnp.zeros((3,))
+    for step in range(steps_per_epoch):
+      params, opt_state, sums, loss = train_step(params, opt_state, sums,
+                                                 batches, step)
+      loss.block_until_ready()  # the clock follows the computation
+      progress.step()
+      if (log is not None and step + 1 < steps_per_epoch and
+          time.perf_counter() - last_line >= log_seconds):
+        log(f"pm epoch {epoch:4d}/{config.epochs}  step {step + 1}/"
+            f"{steps_per_epoch}  {progress.describe('step')}")
+        last_line = time.perf_counter()
     last = epoch == config.epochs
-    if last or (log is not None and (epoch % every == 0 or epoch == 1)):
+    if last or (log is not None and (
+        epoch % every == 0 or epoch == 1 or
+        time.perf_counter() - last_line >= log_seconds)):
       loss, acc = _rates(sums)
       if not math.isfinite(loss):
         raise FloatingPointError(
@@ -289,7 +313,8 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
       if log is not None:
         log(f"pm epoch {epoch:4d}/{config.epochs}  train loss {loss:.4f}  "
             f"train acc {100 * acc:.2f}  held-out acc {100 * held_acc:.2f}  "
-            f"({time.perf_counter() - start:.1f} s)")
+            f"{progress.describe('step')}")
+        last_line = time.perf_counter()
   return params, {
       "train_loss": loss, "train_accuracy": acc, "heldout_loss": held_loss,
       "heldout_accuracy": held_acc, "num_train": n_train,

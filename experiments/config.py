@@ -30,12 +30,18 @@ DATASET_PRESETS = {
                "pm_epochs": 30, "nce_k": 1024},
     # synthetic: 60 features; its PM is an MLP (one hidden layer of 128).
     "synthetic": {"model": "logreg", "pm_model": "mlp"},
-    "mnist": {"model": "cnn"},
-    "fashion_mnist": {"model": "cnn"},
-    "emnist/letters": {"model": "cnn"},
     "cifar10": {"model": "resnet8x4"},
     "cifar100": {"model": "resnet8x4"},
 }
+# The 28x28 grey-scale datasets (mnist, fashion_mnist, kmnist, emnist/*).
+IMAGE_28_PRESET = {"model": "cnn"}
+
+
+def dataset_preset(dataset: str) -> dict[str, Any]:
+  """The preset values of ``dataset`` (a canonical name)."""
+  return DATASET_PRESETS.get(dataset, IMAGE_28_PRESET)
+
+
 # The paper's hyper-parameters (§VI-A) and the reference PM recipe.
 PAPER_DEFAULTS = {"alpha": 0.03, "rho": 0.7, "lam": 5.0, "norm": "batch",
                   "pm_model": "resnet32x4", "pm_epochs": 240}
@@ -134,7 +140,7 @@ def resolve(config: RunConfig) -> RunConfig:
   replaces ``"auto"`` in ``strategy`` and ``conv_impl`` by the backend's
   measured choice (``clients.default_strategy``,
   ``models.default_conv_impl``), so ``config.json`` records what ran."""
-  filled = {**PAPER_DEFAULTS, **DATASET_PRESETS[config.dataset],
+  filled = {**PAPER_DEFAULTS, **dataset_preset(config.dataset),
             **data.DATASET_DEFAULTS[config.dataset]}
   if jax.default_backend() == "cpu":
     # XLA:CPU runs convolutions inside lax.scan slowly (see transfer/crd.py).
@@ -229,11 +235,11 @@ def validate(config: RunConfig) -> RunConfig:
 
   Raises:
     ValueError: one line saying what is wrong and what would be right.
+    data.DatasetUnavailableError: the dataset's files are not on this
+      machine (one line: the files, the places searched, how to get them).
   """
-  if config.dataset not in data.available_datasets():
-    raise ValueError(f"unknown dataset {config.dataset!r}; choose one of "
-                     f"{', '.join(data.available_datasets())}")
-  config = resolve(config)
+  config = resolve(dataclasses.replace(
+      config, dataset=data.canonical_name(config.dataset)))
   known_models = models.available_models()
   checks = [
       (config.algorithm in algorithms.ALGORITHMS,
@@ -293,4 +299,5 @@ def validate(config: RunConfig) -> RunConfig:
     model_kwargs(config.pm_model, config.norm, config.pm_kwargs,
                  config.conv_impl)
   clients.ClientStrategy(config.strategy, config.chunk_size)
+  data.locate(config.dataset, config.data_dir)  # DatasetUnavailableError
   return config

@@ -2,7 +2,7 @@ r"""Pretrains the server's private model (PM) on the server split and saves it.
 
   python -m experiments.pretrain_pm                          # cnn on digits
   python -m experiments.pretrain_pm --pm_model=mlp --pm_kwargs='{"hidden": [512, 256]}'
-  python -m experiments.pretrain_pm --dataset=cifar10 --data_dir=~/tfds
+  python -m experiments.pretrain_pm --dataset=fashion_mnist   # resnet32x4
 
 The server split is the first ``--server_size`` examples of the dataset (the
 clients never see them); the last 10% of it are held out for the reported
@@ -29,8 +29,9 @@ from experiments import config as run_config
 
 _DEFAULTS = pretrain.PretrainConfig()
 
-flags.DEFINE_string("dataset", "digits", "digits or a tfds dataset: mnist, "
-                    "fashion_mnist, emnist/letters, cifar10, cifar100")
+flags.DEFINE_string("dataset", "digits", "digits, fashion_mnist, mnist, "
+                    "kmnist, emnist (= emnist/letters), emnist/<split>, "
+                    "cifar10, cifar100 (as experiments.run)")
 flags.DEFINE_string("pm_model", None, "PM architecture: cnn, mlp, resnet32x4,"
                     " ... (default: cnn on digits, resnet32x4 otherwise)")
 flags.DEFINE_string("pm_norm", None, "normalisation layers of the PM: "
@@ -48,8 +49,8 @@ flags.DEFINE_integer("server_size", None, "server split: the first n examples"
                      " (default: per dataset)")
 flags.DEFINE_string("pm_dir", None, "where the checkpoint is written "
                     "(default: where experiments.run looks for this PM)")
-flags.DEFINE_string("data_dir", None, "tfds data directory (datasets must be "
-                    "prepared there)")
+flags.DEFINE_string("data_dir", None, "searched first for the dataset's "
+                    "files (as experiments.run)")
 flags.DEFINE_integer("seed", 0, "seed of the split (recorded) and of the "
                      "initialisation and shuffles")
 flags.DEFINE_float("lr", _DEFAULTS.lr, "initial learning rate (x0.1 at 62.5%,"
@@ -62,10 +63,7 @@ FLAGS = flags.FLAGS
 
 def _validate_flags() -> None:
   checks = [
-      (FLAGS.dataset in data.available_datasets(),
-       f"unknown dataset {FLAGS.dataset!r}; choose one of "
-       f"{', '.join(data.available_datasets())}"),
-      (FLAGS.dataset != "synthetic",
+      (data.canonical_name(FLAGS.dataset) != "synthetic",
        "synthetic has natural clients and no server split to pretrain on; "
        "choose an image dataset such as digits"),
       (FLAGS.pm_model is None or FLAGS.pm_model in models.available_models(),
@@ -95,7 +93,7 @@ def main(argv):
     # The runs' own resolution: the same PM model, norm, epochs, server split
     # and default directory as ``experiments.run`` would look for.
     run = run_config.resolve(run_config.RunConfig(
-        dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, seed=FLAGS.seed,
+        dataset=data.canonical_name(FLAGS.dataset), data_dir=FLAGS.data_dir, seed=FLAGS.seed,
         norm=FLAGS.pm_norm, conv_impl=FLAGS.conv_impl,
         server_size=FLAGS.server_size, pm_model=FLAGS.pm_model,
         pm_kwargs=FLAGS.pm_kwargs, pm_epochs=FLAGS.epochs,
@@ -105,9 +103,10 @@ def main(argv):
         model=name, seed=FLAGS.seed, lr=FLAGS.lr, batch_size=FLAGS.batch_size,
         holdout_fraction=FLAGS.holdout_fraction, epochs=run.pm_epochs)
     config.validate()
+    data.locate(run.dataset, FLAGS.data_dir)  # fails before any work
     kwargs = run_config.model_kwargs(name, run.norm, run.pm_kwargs,
                                      run.conv_impl)
-    dataset = data.load_dataset(FLAGS.dataset, data_dir=FLAGS.data_dir,
+    dataset = data.load_dataset(run.dataset, data_dir=FLAGS.data_dir,
                                 seed=FLAGS.seed)
     server_idx, _ = data.server_split(dataset.num_examples, server_size)
     try:
@@ -116,9 +115,9 @@ def main(argv):
       raise ValueError(f"--pm_kwargs does not fit {name}: {e}") from e
     server = {"x": dataset.x[server_idx], "y": dataset.y[server_idx]}
     print(f"pretraining {name} on the first {server_size} examples of "
-          f"{FLAGS.dataset} for {config.epochs} epochs", flush=True)
+          f"{run.dataset} for {config.epochs} epochs", flush=True)
     _, metadata = pretrain.pretrain_and_save(
-        pm_dir, model=model, model_name=name, dataset_name=FLAGS.dataset,
+        pm_dir, model=model, model_name=name, dataset_name=run.dataset,
         server=server, server_size=server_size, split_seed=run_config.SERVER_SPLIT_SEED,
         config=config, log=lambda line: print(line, flush=True),
         overwrite=True)

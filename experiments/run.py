@@ -1,7 +1,8 @@
 r"""Runs one federated experiment.
 
   python -m experiments.run                      # AugFL on the embedded digits
-  python -m experiments.run --dataset=emnist/letters --data_dir=~/tfds
+  python -m experiments.run --dataset=fashion_mnist   # Debian's IDX files
+  python -m experiments.run --dataset=emnist --data_dir=~/emnist/gzip
   python -m experiments.run --algorithm=fedavg --lr=0.05 --rounds=100
 
   python -m experiments.run --rounds=500 --resume   # continue a run further
@@ -32,10 +33,16 @@ from experiments import runner
 
 HELP = {
     # data
-    "dataset": "digits, synthetic (embedded) or a tfds dataset: mnist, "
-               "fashion_mnist, emnist/letters, cifar10, cifar100",
-    "data_dir": "tfds data directory (datasets must be prepared there)",
-    "num_clients": "number of clients, 80%% train / 20%% test (default: per "
+    "dataset": "digits, synthetic (embedded; no files); fashion_mnist, "
+               "mnist, kmnist, emnist (= emnist/letters, the paper's "
+               "EMNIST: 26 classes), emnist/balanced|digits|byclass|bymerge "
+               "(IDX files or a tfds prepared copy); cifar10, cifar100 (a "
+               "tfds prepared copy)",
+    "data_dir": "searched first for the dataset's IDX files (or a tfds "
+                "prepared copy); then $AUGFL_JAX_DATA_DIR, the Debian "
+                "package's directory (fashion_mnist) and the tfds default "
+                "directory",
+    "num_clients": "number of clients, 80% train / 20% test (default: per "
                    "dataset)",
     "M": "client sizes are uniform on {M, ..., 2M}",
     "classes_per_client": "classes per client (pathological partition)",
@@ -204,8 +211,7 @@ def main(argv):
   if FLAGS.compilation_cache:
     enable_compilation_cache(FLAGS.compilation_cache_dir)
   try:
-    config = config_from_flags()
-    runner.validate(config)
+    config = runner.validate(config_from_flags())
     output_dir = FLAGS.output_dir or (
         f"runs/{config.dataset.replace('/', '_')}_{config.algorithm}"
         f"_seed{config.seed}")

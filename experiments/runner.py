@@ -47,11 +47,14 @@ import numpy as np
 from augfl_jax import (algorithms, checkpoint, clients, data, models, pretrain,
                        transfer)
 from augfl_jax import tree as tree_lib
+from augfl_jax.training.progress import Progress
 from experiments import config as config_lib
 from experiments.config import RunConfig, validate  # re-exported
 
 
 CHECKPOINT_EVERY = 50
+# Rounds are logged at evaluations, and otherwise at least this often.
+LOG_SECONDS = 10.0
 # RunConfig fields a resumed run may change: they do not change the math
 # (rounds: more rounds continue training; strategy, chunk_size, conv_impl
 # and kt_loop only change how the same computation is laid out, so a run
@@ -113,7 +116,8 @@ def load_federated(config: RunConfig) -> tuple[data.FederatedData, str]:
       server_size=config.server_size, partition=config.partition,
       dirichlet_alpha=config.dirichlet_alpha, seed=config.seed)
   return (data.build_federated(dataset, partition),
-          data.describe(partition, dataset.y))
+          f"dataset {dataset.name}: {dataset.source}\n"
+          + data.describe(partition, dataset.y))
 
 
 def load_pm(config: RunConfig, fed: data.FederatedData,
@@ -455,6 +459,8 @@ def run(config: RunConfig, output_dir: str,
         "seconds": offset + time.perf_counter() - start})
 
   start = time.perf_counter()
+  progress = Progress(config.rounds, done=start_round)
+  last_line = 0.0
   first_round_seconds = None
   saved_round = start_round if resumed else None
   writer = _summary_writer(os.path.join(output_dir, "tb"),
@@ -480,13 +486,13 @@ def run(config: RunConfig, output_dir: str,
       loss = scalars["loss"]
       if first_round_seconds is None:
         first_round_seconds = time.perf_counter() - t0
-        log(f"first round {r}: {first_round_seconds:.2f} s (compilation "
-            "included)")
       train_losses.append(loss)
+      progress.step()
       for name, value in scalars.items():
         writer.add_scalar(f"train/{name}", value, r)
       line = f"round {r:4d}/{config.rounds}  train loss {loss:.4f}"
-      if r % config.eval_every == 0 or r == config.rounds:
+      evaluating = r % config.eval_every == 0 or r == config.rounds
+      if evaluating:
         ev_all = jax.device_get(algo.evaluate(state, fed.test))
         ev = _scalars(ev_all)
         record = {"round": r, "train_loss": float(np.mean(train_losses)),
@@ -503,8 +509,13 @@ def run(config: RunConfig, output_dir: str,
         for name in ("accuracy", "accuracy_std", "loss"):
           writer.add_scalar(f"eval/{name}", ev[name], r)
         line += (f"  test-client accuracy {100 * ev['accuracy']:.2f}"
-                 f" ± {100 * ev['accuracy_std']:.2f}")
-      log(line)
+                 f" ± {100 * ev['accuracy_std']:.2f} (across clients)")
+      if (evaluating or r == start_round + 1 or
+          time.perf_counter() - last_line >= LOG_SECONDS):
+        log(f"{line}  " + (
+            f"{first_round_seconds:.2f} s (compilation included)"
+            if r == start_round + 1 else progress.describe("round")))
+        last_line = time.perf_counter()
       if checkpoint_every and (r % checkpoint_every == 0 or
                                r == config.rounds):
         save(r, state)

@@ -74,13 +74,15 @@ def _same_partition(a: D.Partition, b: D.Partition) -> bool:
 
 def test_available_and_unknown():
   names = D.available_datasets()
-  for name in ("emnist/letters", "fashion_mnist", "mnist", "cifar10",
-               "cifar100", "digits", "synthetic"):
+  for name in ("emnist/letters", "fashion_mnist", "mnist", "kmnist",
+               "cifar10", "cifar100", "digits", "synthetic"):
     assert name in names
     assert name in D.DATASET_DEFAULTS
+  assert D.canonical_name("emnist") == "emnist/letters"
+  assert D.DATASETS["emnist/letters"].num_classes == 26
   with pytest.raises(ValueError, match="digits"):
     D.load_dataset("imagenet")
-  with pytest.raises(ValueError, match="available"):
+  with pytest.raises(ValueError, match="emnist/letters, the paper's EMNIST"):
     D.load_federated("imagenet")
 
 
@@ -115,30 +117,46 @@ def test_synthetic(synthetic):
   assert len(np.bincount(small.client_ids)) == 5
 
 
-def test_tfds_offline_error_is_fast_and_clear(tmp_path, monkeypatch):
+def fake_tfds_copy(root, tfds_name: str) -> str:
+  """The files :func:`D.locate` takes for a tfds prepared copy (their
+  contents come from ``tfds.testing.mock_data``); returns ``root``."""
+  version = os.path.join(str(root), tfds_name, "1.0.0")
+  os.makedirs(version)
+  base = tfds_name.split("/")[0]
+  for name in ("dataset_info.json", f"{base}-train.tfrecord-00000-of-00001"):
+    with open(os.path.join(version, name), "w") as f:
+      f.write("{}")
+  return str(root)
+
+
+def test_offline_error_is_fast_and_clear(tmp_path, monkeypatch):
   # "Fast" means no network attempt that could hang: record every connect.
   attempts = []
   monkeypatch.setattr(socket.socket, "connect",
                       lambda self, address: attempts.append(address))
+  monkeypatch.delenv(D.catalog.ENV_VAR, raising=False)
   with pytest.raises(D.DatasetUnavailableError) as err:
     D.load_dataset("cifar10", data_dir=str(tmp_path))
   assert not attempts, f"tfds tried the network: {attempts}"
   message = str(err.value)
   assert "cifar10" in message and str(tmp_path) in message
   assert "--data_dir" in message and "digits" in message
-  assert err.value.__cause__ is None and err.value.__suppress_context__
+  assert "\n" not in message
   with pytest.raises(D.DatasetUnavailableError, match="--data_dir"):
     D.load_federated("mnist", data_dir=str(tmp_path))
 
 
-def test_tfds_mock_mnist_end_to_end():
+def test_tfds_mock_mnist_end_to_end(tmp_path):
   tfds = pytest.importorskip("tensorflow_datasets")
+  root = fake_tfds_copy(tmp_path, "mnist")
+  assert D.locate("mnist", root) == D.Location("tfds", root)
   with tfds.testing.mock_data(num_examples=300):
-    ds = D.load_dataset("mnist")
+    ds = D.load_dataset("mnist", data_dir=root)
     fed = D.load_federated("mnist", num_clients=6, M=10, server_size=60,
-                           seed=0)
+                           seed=0, data_dir=root)
   assert ds.x.shape == (300, 28, 28, 1) and ds.x.dtype == np.float32
   assert ds.num_classes == 10 and ds.y.min() >= 0 and ds.y.max() <= 9
+  assert ds.source == f"tfds prepared copy in {root}"
   np.testing.assert_allclose(ds.x.mean(), 0.0, atol=1e-4)
   np.testing.assert_allclose(ds.x.std(), 1.0, atol=1e-3)
   assert fed.input_shape == (28, 28, 1) and fed.num_classes == 10
@@ -162,14 +180,15 @@ def _letters_as_dataset(n: int):
   return as_dataset
 
 
-def test_tfds_mock_emnist_letters_label_shift():
+def test_tfds_mock_emnist_letters_label_shift(tmp_path):
   tfds = pytest.importorskip("tensorflow_datasets")
+  root = fake_tfds_copy(tmp_path, "emnist/letters")
   n = 520
   with tfds.testing.mock_data(as_dataset_fn=_letters_as_dataset(n)):
-    ds = D.load_dataset("emnist/letters")
+    ds = D.load_dataset("emnist", data_dir=root)
     fed = D.load_federated("emnist/letters", num_clients=10, M=10,
-                           server_size=100, seed=1)
-  assert ds.num_classes == 26
+                           server_size=100, seed=1, data_dir=root)
+  assert ds.name == "emnist/letters" and ds.num_classes == 26
   assert ds.x.shape == (n, 28, 28, 1)
   # Raw labels 1..26 in stored order become 0..25.
   np.testing.assert_array_equal(ds.y, np.arange(n) % 26)
@@ -179,8 +198,8 @@ def test_tfds_mock_emnist_letters_label_shift():
   assert fed.train.num_clients == 8 and fed.test.num_clients == 2
   # The mock's default labels (0..36, the 37-way ClassLabel) are rejected.
   with tfds.testing.mock_data(num_examples=200):
-    with pytest.raises(ValueError, match="expected 0..25"):
-      D.load_dataset("emnist/letters")
+    with pytest.raises(D.DataFileError, match="expected 0..25"):
+      D.load_dataset("emnist/letters", data_dir=root)
 
 
 # ----------------------------------------------------------------------------

@@ -108,9 +108,62 @@ def test_cli_prints_progress_and_accuracy(tmp_path):
   assert os.path.exists(tmp_path / "summary.json")
 
 
-def test_unavailable_tfds_dataset_fails_fast_with_what_to_do(tmp_path):
-  result = _run_cli("--dataset=cifar10", f"--data_dir={tmp_path / 'tfds'}",
-                    f"--output_dir={tmp_path / 'out'}")
-  assert result.returncode == 2
-  assert "--data_dir" in result.stderr and "digits" in result.stderr
-  assert "Traceback" not in result.stderr
+def _run_cli_inspected(*args, env=None):
+  """``experiments.run`` in a subprocess that reports, after it exits,
+  whether TensorFlow was imported and how many programs JAX compiled."""
+  code = (
+      "import sys, jax, jax.monitoring\n"
+      "compiles = []\n"
+      "jax.monitoring.register_event_duration_secs_listener(\n"
+      "    lambda name, *a, **k: compiles.append(name) if 'compile' in name "
+      "else None)\n"
+      "from absl import app\n"
+      "from experiments import run\n"
+      f"sys.argv = ['run'] + {list(args)!r}\n"
+      "try:\n"
+      "  app.run(run.main)\n"
+      "finally:\n"
+      "  print('tensorflow' in sys.modules, len(compiles))\n")
+  return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_missing_dataset_fails_fast_before_tensorflow_or_compiling(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "AUGFL_JAX_DATA_DIR"}
+  env["TFDS_DATA_DIR"] = str(tmp_path / "tfds")
+  for args, hint in (
+      (["--dataset=emnist"], "gzip.zip"),
+      (["--dataset=cifar10"], "tfds build cifar10"),
+      (["--dataset=mnist", f"--data_dir={tmp_path}"], "--data_dir=DIR")):
+    result = _run_cli_inspected(*args, f"--output_dir={tmp_path / 'out'}",
+                                env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: dataset"), lines
+    assert hint in lines[0] and str(tmp_path / "tfds") in lines[0]
+    assert result.stdout.split() == ["False", "0"]  # no TF, nothing compiled
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "mismatch", "label_range",
+                                    "no_labels"])
+def test_bad_data_gets_one_line_and_writes_nothing(tmp_path, damage):
+  from tests import test_idx  # pylint: disable=g-import-not-at-top
+  data_dir = tmp_path / "data"
+  labels = {"mismatch": np.zeros(119, np.uint8),
+            "label_range": np.full(120, 10, np.uint8)}.get(damage)
+  test_idx.write_pair(data_dir, 120, labels=labels)
+  images = data_dir / (test_idx.IMAGES + ".gz")
+  if damage == "truncate":
+    images.write_bytes(images.read_bytes()[:-200])
+  if damage == "no_labels":
+    os.remove(data_dir / (test_idx.LABELS + ".gz"))
+  out = tmp_path / "out"
+  result = _run_cli("--dataset=mnist", f"--data_dir={data_dir}",
+                    "--algorithm=fedavg", "--server_size=20",
+                    "--num_clients=4", "--M=5", f"--output_dir={out}")
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error:"), lines
+  assert str(data_dir) in lines[0]
+  assert not out.exists() or not os.listdir(out)

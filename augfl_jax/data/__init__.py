@@ -4,12 +4,21 @@ Typical use::
 
   fed = augfl_jax.data.load_federated("digits", seed=0)
   fed.train.support["x"]   # [C_train, P, 8, 8, 1]
+  augfl_jax.data.locate("fashion_mnist")   # where its files are, or why not
 
-TensorFlow is only imported when a TFDS dataset is loaded.
+TensorFlow is only imported when a tfds prepared copy is read.
 """
 
 from __future__ import annotations
 
+from augfl_jax.data.catalog import ALIASES
+from augfl_jax.data.catalog import DATASETS
+from augfl_jax.data.catalog import DatasetSpec
+from augfl_jax.data.catalog import Location
+from augfl_jax.data.catalog import canonical_name
+from augfl_jax.data.catalog import locate
+from augfl_jax.data.embedded import digits_dataset
+from augfl_jax.data.embedded import synthetic_dataset
 from augfl_jax.data.federated import FederatedData
 from augfl_jax.data.federated import build_federated
 from augfl_jax.data.federated import client_data
@@ -25,21 +34,29 @@ from augfl_jax.data.sources import Dataset
 from augfl_jax.data.sources import DatasetUnavailableError
 from augfl_jax.data.sources import available_datasets
 from augfl_jax.data.sources import load_dataset
-from augfl_jax.data.sources import synthetic_dataset
+from augfl_jax.data.idx import DataFileError
 
 __all__ = [
+    "ALIASES",
+    "DATASETS",
     "DATASET_DEFAULTS",
+    "DataFileError",
     "Dataset",
+    "DatasetSpec",
     "DatasetUnavailableError",
     "FederatedData",
+    "Location",
     "Partition",
     "available_datasets",
     "build_federated",
+    "canonical_name",
     "client_data",
     "describe",
+    "digits_dataset",
     "dirichlet_partition",
     "load_dataset",
     "load_federated",
+    "locate",
     "make_partition",
     "natural_partition",
     "pad_stack",
@@ -115,7 +132,7 @@ def load_federated(
   """Loads a dataset, partitions it and builds the padded client arrays.
 
   Args:
-    name: one of :func:`available_datasets`.
+    name: one of :func:`available_datasets` or an alias (``"emnist"``).
     num_clients: number of clients ``N``; ``None``: ``DATASET_DEFAULTS``. For
       ``synthetic`` it is the number of natural clients (default 30).
     M: minimum client size; sizes are uniform on ``{M, ..., 2M}``.
@@ -129,7 +146,8 @@ def load_federated(
     dirichlet_alpha: Dirichlet concentration for ``partition="dirichlet"``.
     train_fraction: fraction of clients that train; the rest are held out.
     seed: seed of the partition (and of the ``synthetic`` generator).
-    data_dir: TFDS data directory (TFDS datasets only; never downloads).
+    data_dir: searched first for the dataset's files (IDX files or a tfds
+      prepared copy; never downloads), see :func:`locate`.
     synthetic_alpha: alpha of Synthetic(alpha, beta).
     synthetic_beta: beta of Synthetic(alpha, beta).
 
@@ -138,12 +156,10 @@ def load_federated(
 
   Raises:
     ValueError: an unknown dataset or partition, or bad sizes.
-    DatasetUnavailableError: a TFDS dataset not prepared under ``data_dir``.
+    DatasetUnavailableError: the dataset's files are not on this machine.
+    DataFileError: a dataset file that is truncated, corrupt or mismatched.
   """
-  if name not in available_datasets():
-    raise ValueError(
-        f"Unknown dataset {name!r}; available datasets are "
-        f"{', '.join(available_datasets())}.")
+  name = canonical_name(name)
   if partition not in _PARTITIONS:  # Fail before any (slow) loading.
     raise ValueError(
         f"Unknown partition {partition!r}; use one of "

@@ -1,0 +1,265 @@
+"""Which datasets there are, which files each one is, and where they are found.
+
+Nothing here reads a dataset or imports TensorFlow: :func:`locate` only looks
+at the file system, so a missing dataset is reported in a fraction of a
+second, before anything is loaded or compiled.
+
+Search order for a dataset with files (the first place that has them wins):
+
+1. ``data_dir`` (``--data_dir``): its IDX files, directly in it or in a
+   sub-directory named after the dataset, or a tfds prepared copy under it;
+2. ``$AUGFL_JAX_DATA_DIR``, searched the same way;
+3. the system directory of a distribution package (Debian's
+   ``dataset-fashion-mnist`` installs ``/usr/share/datasets/fashion-mnist``);
+4. the tfds default directory (``$TFDS_DATA_DIR``, else
+   ``~/tensorflow_datasets``): a prepared copy.
+
+IDX files are the original distribution (gzipped or raw) and are read in
+file order, which the paper's server split ("the first n examples") relies
+on; a tfds prepared copy holds the examples in the order tfds wrote them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+
+__all__ = [
+    "ALIASES", "DATASETS", "DatasetSpec", "DatasetUnavailableError", "ENV_VAR",
+    "Location", "canonical_name", "locate", "spec",
+]
+
+ENV_VAR = "AUGFL_JAX_DATA_DIR"
+_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
+
+
+class DatasetUnavailableError(RuntimeError):
+  """A dataset's files are not on this machine (augfl_jax never downloads)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  """One dataset: its classes, the paper's protocol sizes and its files.
+
+  Attributes:
+    name: the canonical name (``--dataset``).
+    num_classes: number of classes (after ``label_offset``).
+    num_clients: the paper's number of clients N (§VI-A).
+    server_size: the paper's server split (the first n training examples).
+    idx_files: the train split's IDX ``(images, labels)`` file names, each
+      found raw or with ``.gz``; ``None`` for a dataset without IDX files.
+    label_offset: subtracted from stored labels (EMNIST letters: 1..26).
+    tfds_name: the tfds name of a prepared copy, ``None`` if none is read.
+    subdirs: sub-directories of a search root that may hold the IDX files.
+    system_dirs: directories a distribution package installs the files to.
+    how_to_get: how to put the files on this machine (one sentence).
+  """
+
+  name: str
+  num_classes: int
+  num_clients: int
+  server_size: int
+  idx_files: tuple[str, str] | None = None
+  label_offset: int = 0
+  tfds_name: str | None = None
+  subdirs: tuple[str, ...] = ()
+  system_dirs: tuple[str, ...] = ()
+  how_to_get: str = ""
+
+  @property
+  def embedded(self) -> bool:
+    """Needs no files (generated or bundled with a package)."""
+    return self.idx_files is None and self.tfds_name is None
+
+
+def _emnist(split: str, num_classes: int, num_clients: int,
+            label_offset: int = 0) -> DatasetSpec:
+  prefix = f"emnist-{split}-"
+  return DatasetSpec(
+      name=f"emnist/{split}", num_classes=num_classes,
+      num_clients=num_clients, server_size=10000,
+      idx_files=(prefix + _MNIST_FILES[0], prefix + _MNIST_FILES[1]),
+      label_offset=label_offset, tfds_name=f"emnist/{split}",
+      subdirs=("emnist", "gzip", os.path.join("emnist", "gzip")),
+      how_to_get=(
+          "download the official EMNIST archive "
+          "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip on a machine "
+          "with internet access, unzip it and pass --data_dir=<its gzip/ "
+          f"directory> (only the two {prefix}train-* files are read)"))
+
+
+_DATASETS = (
+    DatasetSpec(
+        name="fashion_mnist", num_classes=10, num_clients=50,
+        server_size=10000, idx_files=_MNIST_FILES, tfds_name="fashion_mnist",
+        subdirs=("fashion_mnist", "fashion-mnist"),
+        system_dirs=("/usr/share/datasets/fashion-mnist",),
+        how_to_get=(
+            "on Debian or Ubuntu `sudo apt-get install dataset-fashion-mnist`"
+            " (found without any flag), or put the IDX files of "
+            "https://github.com/zalandoresearch/fashion-mnist in a directory "
+            "and pass --data_dir=DIR")),
+    DatasetSpec(
+        name="mnist", num_classes=10, num_clients=50, server_size=10000,
+        idx_files=_MNIST_FILES, tfds_name="mnist", subdirs=("mnist",),
+        how_to_get=("put the MNIST train IDX files (the original "
+                    "distribution) in a directory and pass --data_dir=DIR")),
+    DatasetSpec(
+        name="kmnist", num_classes=10, num_clients=50, server_size=10000,
+        idx_files=_MNIST_FILES, tfds_name="kmnist", subdirs=("kmnist",),
+        how_to_get=("put the KMNIST train IDX files of "
+                    "https://github.com/rois-codh/kmnist in a directory and "
+                    "pass --data_dir=DIR")),
+    _emnist("letters", 26, 100, label_offset=1),
+    _emnist("balanced", 47, 100),
+    _emnist("digits", 10, 100),
+    _emnist("byclass", 62, 100),
+    _emnist("bymerge", 47, 100),
+    *(DatasetSpec(
+        name=name, num_classes=classes, num_clients=clients,
+        server_size=10000, tfds_name=name,
+        how_to_get=(
+            f"prepare it once on a machine with internet access (`tfds build "
+            f"{name} --data_dir=DIR`, or in Python `tfds.load({name!r}, "
+            "data_dir=DIR)`), copy DIR here and pass --data_dir=DIR"))
+      for name, classes, clients in (("cifar10", 10, 50),
+                                     ("cifar100", 100, 100))),
+    DatasetSpec(name="digits", num_classes=10, num_clients=40,
+                server_size=400),
+    # Natural clients and no server split (FedBC's benchmark).
+    DatasetSpec(name="synthetic", num_classes=10, num_clients=30,
+                server_size=0),
+)
+DATASETS: dict[str, DatasetSpec] = {s.name: s for s in _DATASETS}
+# Names that mean another: the paper's EMNIST is EMNIST letters.
+ALIASES = {"emnist": "emnist/letters"}
+
+
+def canonical_name(name: str) -> str:
+  """The canonical name of a dataset or alias (``"emnist"`` ->
+  ``"emnist/letters"``). Raises ``ValueError`` for an unknown name."""
+  name = ALIASES.get(name, name)
+  if name not in DATASETS:
+    raise ValueError(
+        f"unknown dataset {name!r}; choose one of "
+        f"{', '.join(list(DATASETS) + list(ALIASES))} (emnist is "
+        "emnist/letters, the paper's EMNIST)")
+  return name
+
+
+def spec(name: str) -> DatasetSpec:
+  """The :class:`DatasetSpec` of ``name`` (an alias is resolved)."""
+  return DATASETS[canonical_name(name)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+  """Where a dataset was found.
+
+  Attributes:
+    kind: ``"idx"`` (IDX files), ``"tfds"`` (a prepared copy) or
+      ``"embedded"``.
+    path: the directory: of the IDX files, or the tfds ``data_dir`` root.
+    files: the IDX ``(images, labels)`` paths (``kind == "idx"``).
+  """
+
+  kind: str
+  path: str
+  files: tuple[str, ...] = ()
+
+  def describe(self) -> str:
+    """One line for logs: what was found where."""
+    if self.kind == "idx":
+      return "IDX files " + ", ".join(self.files)
+    if self.kind == "tfds":
+      return f"tfds prepared copy in {self.path}"
+    return "embedded"
+
+
+def _find_idx(spec_: DatasetSpec, directory: str) -> Location | None:
+  """The IDX pair in ``directory`` (raw preferred to ``.gz``), ``None`` when
+  neither file is there. Half a pair raises ``DatasetUnavailableError``."""
+  found = []
+  for name in spec_.idx_files:
+    paths = [p for p in (os.path.join(directory, name),
+                         os.path.join(directory, name + ".gz"))
+             if os.path.isfile(p)]
+    found.append(paths[0] if paths else None)
+  if found == [None, None]:
+    return None
+  if None in found:
+    have, missing = ((found[0], spec_.idx_files[1]) if found[1] is None
+                     else (found[1], spec_.idx_files[0]))
+    raise DatasetUnavailableError(
+        f"dataset {spec_.name!r}: {have} is there but not {missing}[.gz] "
+        f"beside it in {directory}; the images and the labels file go "
+        f"together: {spec_.how_to_get}")
+  return Location("idx", directory, tuple(found))
+
+
+def _has_tfds_copy(spec_: DatasetSpec, root: str) -> bool:
+  """Whether ``root/<tfds_name>/<version>/`` holds a prepared train split
+  (its ``dataset_info.json`` and train shards)."""
+  for version_dir in glob.glob(os.path.join(root, spec_.tfds_name, "*")):
+    if (os.path.isfile(os.path.join(version_dir, "dataset_info.json")) and
+        glob.glob(os.path.join(version_dir, "*-train.*"))):
+      return True
+  return False
+
+
+def _search_roots(data_dir: str | None) -> list[tuple[str, str | None]]:
+  """``(label, directory)`` in search order (directory ``None``: unset)."""
+  tfds_default = os.environ.get("TFDS_DATA_DIR") or os.path.join(
+      "~", "tensorflow_datasets")
+  return [("data_dir", data_dir), (f"${ENV_VAR}", os.environ.get(ENV_VAR)),
+          ("system", None), ("tfds default", tfds_default)]
+
+
+def locate(name: str, data_dir: str | None = None) -> Location:
+  """Finds a dataset's files in the search order of the module docstring.
+
+  Args:
+    name: a dataset name or alias.
+    data_dir: ``--data_dir``, searched first (``~`` is expanded).
+
+  Returns:
+    The :class:`Location` (``kind="embedded"`` for digits and synthetic).
+
+  Raises:
+    ValueError: unknown ``name``.
+    DatasetUnavailableError: not found; one line naming the files expected,
+      every place searched and how to get them.
+  """
+  spec_ = spec(name)
+  if spec_.embedded:
+    return Location("embedded", "")
+  searched = []
+  for label, root in _search_roots(data_dir):
+    if label == "system":
+      for directory in spec_.system_dirs:
+        searched.append(directory)
+        if spec_.idx_files and (loc := _find_idx(spec_, directory)):
+          return loc
+      continue
+    if root is None:
+      searched.append(f"{label} (not set)")
+      continue
+    root = os.path.expanduser(root)
+    if label != "tfds default" and spec_.idx_files:
+      for directory in [root] + [os.path.join(root, s) for s in spec_.subdirs]:
+        searched.append(directory)
+        if os.path.isdir(directory) and (loc := _find_idx(spec_, directory)):
+          return loc
+    if spec_.tfds_name:
+      searched.append(os.path.join(root, spec_.tfds_name, "<version>"))
+      if _has_tfds_copy(spec_, root):
+        return Location("tfds", root)
+  expected = " and ".join(f"{f}[.gz]" for f in spec_.idx_files or ())
+  expected = (f"the IDX files {expected} or a tfds prepared copy"
+              if expected else "a tfds prepared copy")
+  raise DatasetUnavailableError(
+      f"dataset {spec_.name!r} not found: looked for {expected} in "
+      f"{', '.join(dict.fromkeys(searched))}. To get it, {spec_.how_to_get}. "
+      "augfl_jax never downloads; the embedded datasets digits and "
+      "synthetic need no files.")

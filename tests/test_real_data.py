@@ -1,0 +1,60 @@
+"""Real Fashion-MNIST, from the IDX files of Debian's dataset-fashion-mnist.
+
+Skipped where the files are not installed; ``.ci/run`` installs them and sets
+``AUGFL_JAX_REQUIRE_REAL_DATA=1``, which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from augfl_jax import data
+from experiments import runner
+
+
+def _fashion_mnist_or_skip() -> data.Location:
+  try:
+    return data.locate("fashion_mnist")
+  except data.DatasetUnavailableError as e:
+    if os.environ.get("AUGFL_JAX_REQUIRE_REAL_DATA") == "1":
+      raise
+    pytest.skip(f"real Fashion-MNIST is not installed: {e}")
+
+
+@pytest.fixture(scope="module")
+def fashion_mnist() -> data.Dataset:
+  _fashion_mnist_or_skip()
+  return data.load_dataset("fashion_mnist")
+
+
+def test_the_train_split(fashion_mnist):
+  assert fashion_mnist.x.shape == (60000, 28, 28, 1)
+  assert fashion_mnist.num_classes == 10
+  np.testing.assert_array_equal(np.bincount(fashion_mnist.y),
+                                np.full(10, 6000))
+  np.testing.assert_allclose(fashion_mnist.x.mean(), 0.0, atol=1e-4)
+  np.testing.assert_allclose(fashion_mnist.x.std(), 1.0, atol=1e-3)
+
+
+def test_server_split_histogram_as_a_run_prints_it(fashion_mnist):
+  partition = data.make_partition(fashion_mnist, seed=0)
+  assert len(partition.server) == 10000
+  summary = data.describe(partition, fashion_mnist.y)
+  assert ("server class histogram: 0:942 1:1027 2:1016 3:1019 4:974 5:989 "
+          "6:1021 7:1022 8:990 9:1000") in summary.splitlines()
+
+
+def test_three_rounds_of_fedavg(tmp_path):
+  _fashion_mnist_or_skip()
+  lines = []
+  summary = runner.run(
+      runner.RunConfig(dataset="fashion_mnist", algorithm="fedavg",
+                       rounds=3, eval_every=3),
+      str(tmp_path), log=lines.append)
+  assert math.isfinite(summary["final_accuracy"])
+  assert 0.1 < summary["final_accuracy"] <= 1.0  # above chance
+  assert any("IDX files" in line for line in lines)
