@@ -224,3 +224,26 @@ def build(name: str, model: nn.Module, config: Any, *,
   return FederatedAlgorithm(
       name, lambda params, num_clients, key: module.init_state(params, key),
       module.make_round(loss_fn, config, strategy), evaluate, get_params)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+  name: str
+  config_class: type
+  pm_role: str
+
+
+def _role(name):
+  if name in USES_REGULARIZER:
+    return "regularizer"
+  if name in STARTS_PRETRAINED:
+    return "initialization"
+  if name in NEEDS_ENCODER:
+    return "encoder"
+  if name in PM_BACKBONE:
+    return "backbone"
+  return "none"
+
+
+REGISTRY = {name: AlgorithmSpec(name, cls, _role(name))
+            for name, cls in CONFIGS.items()}

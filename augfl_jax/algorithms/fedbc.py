@@ -66,7 +66,9 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, tree
+from augfl_jax import evaluation
+from augfl_jax import local, tree
+from augfl_jax.fields import field
 from augfl_jax.algorithms import averaging
 from augfl_jax.types import Batch, ClientData, LossFn, Params, PRNGKey
 
@@ -101,7 +103,7 @@ class FedBCConfig:
   momentum: float = 0.0
   lr_lambda: float = 1e-3
   lr_gamma: float = 1e-3
-  lambda_max: float = math.inf
+  lambda_max: float = field(math.inf, "upper clip of lambda_i", allow_inf=True)
   start_from: str = "z"
   personalized: bool = False
   alpha: float = 0.01

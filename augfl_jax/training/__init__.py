@@ -1,4 +1,26 @@
-"""Running experiments: the loop around the pure round functions."""
+"""Running experiments: the loop around the pure round functions.
 
-from augfl_jax.training import progress
+``run(config, output_dir) -> summary`` is what ``python -m experiments.run``
+calls; a Python user calls it the same way::
+
+  from augfl_jax import training
+  config = training.RunConfig(dataset="digits", rounds=50)
+  summary = training.run(config, "runs/my_run")
+
+* :mod:`.config`: ``RunConfig`` and its sections; :mod:`.presets`: the
+  dataset presets, ``resolve`` and ``validate``;
+* :mod:`.wiring`: data, models, the PM by its role, the algorithm;
+* :mod:`.loop`: ``run``; :mod:`.safety`: the non-finite guard and signals;
+* :mod:`.outputs`, :mod:`.checkpoints`, :mod:`.events`: the run's files;
+* :mod:`.progress`: time per step and time left.
+"""
+
+from augfl_jax.training import (checkpoints, config, events, loop, outputs,
+                                presets, progress, safety, wiring)
+from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
+                                       RESUMABLE_FIELDS, RunConfig)
+from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
+                                     RunInterrupted, run)
+from augfl_jax.training.outputs import OutputDirError
+from augfl_jax.training.presets import resolve, validate
 from augfl_jax.training.progress import Progress

@@ -34,12 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from augfl_jax.fields import field
 from augfl_jax.models import masked_mean
 from augfl_jax.transfer.nce import (HIGHEST, class_table, crd_loss, kd_loss,
                                     sample_negatives, update_memory)
 from augfl_jax.types import Batch, Params, PRNGKey
 
 LOOPS = ("scan", "python")
+REFERENCE_NCE_K = 16384
 
 # student_apply(params, x [B, ...], mask [B]) -> (features [B, d_s], logits)
 StudentApply = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array,
@@ -50,50 +52,50 @@ TeacherApply = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 @dataclasses.dataclass(frozen=True)
 class CRDConfig:
-  """Hyper-parameters of the CRD regulariser (RepDistiller defaults).
+  """Hyper-parameters of the CRD regulariser (RepDistiller's defaults).
 
-  Attributes:
-    feat_dim: embedding size of the two heads and the banks.
-    nce_k: K, negatives per example (may exceed the server size).
-    nce_t: temperature tau.
-    nce_m: bank momentum m.
-    ce_weight, kd_weight, crd_weight: weights of CE, KD and CRD in R_h
-      (reference: 1.0, 0.0, 0.8).
-    kd_temperature: T of the KD term (used when ``kd_weight > 0``).
-    batch_size: server minibatch size.
-    kt_steps: minibatches per round; None = one pass over the server split,
-      ``ceil(n / batch_size)``, the last one partial.
-    head_lr, head_momentum, head_weight_decay: SGD of the embed heads (the
-      reference trains them with the student's optimizer).
-    loop: how the minibatches run: ``"scan"`` (one jitted ``lax.scan``) or
-      ``"python"`` (a Python loop over a jitted minibatch step; same numbers).
-      XLA:CPU runs ``lax.conv`` inside a loop body roughly 10x slower than
-      outside one (a CNN round: 14 s vs 1 s of CPU time), so prefer
-      ``"python"`` on CPU with convolutional models (or their
-      ``conv_impl="patches"``); ``"scan"`` elsewhere.
+  ``loop``: how the minibatches run: ``"scan"`` (one jitted ``lax.scan``),
+  ``"python"`` (a Python loop over a jitted minibatch step; same numbers) or
+  ``"auto"`` (``"python"`` on CPU, ``"scan"`` elsewhere). XLA:CPU runs
+  ``lax.conv`` inside a loop body roughly 10x slower than outside one (a
+  CNN round: 14 s vs 1 s of CPU time).
   """
 
-  feat_dim: int = 128
-  nce_k: int = 16384
-  nce_t: float = 0.07
-  nce_m: float = 0.5
-  ce_weight: float = 1.0
-  kd_weight: float = 0.0
-  crd_weight: float = 0.8
-  kd_temperature: float = 4.0
-  batch_size: int = 128
-  kt_steps: int | None = None
-  head_lr: float = 0.05
-  head_momentum: float = 0.9
-  head_weight_decay: float = 5e-4
-  loop: str = "scan"
+  feat_dim: int = field(128, "embedding size of the two heads and the banks")
+  nce_k: int | None = field(
+      None, "K, negatives per example, drawn with replacement from other "
+      "classes (may exceed the server size; default the reference's 16384; "
+      "digits 1024)")
+  nce_t: float = field(0.07, "NCE temperature tau")
+  nce_m: float = field(0.5, "momentum m of the memory banks")
+  ce_weight: float = field(1.0, "weight of CE(student, server labels) in "
+                           "R_h (the reference's 1.0)")
+  kd_weight: float = field(0.0, "weight of KD(student, PM) in R_h (the "
+                           "reference's 0)")
+  crd_weight: float = field(0.8, "weight of CRD in R_h (the reference's "
+                            "0.8)")
+  kd_temperature: float = field(4.0, "temperature T of the KD term")
+  batch_size: int = field(128, "server minibatch size")
+  kt_steps: int | None = field(
+      None, "minibatches per round (default one pass over the server "
+      "split, ceil(n / batch_size), the last one partial)")
+  head_lr: float = field(0.05, "SGD learning rate of the two embedding "
+                         "heads")
+  head_momentum: float = field(0.9, "SGD momentum of the embedding heads")
+  head_weight_decay: float = field(5e-4, "weight decay of the embedding "
+                                   "heads")
+  loop: str = field("auto", "how the minibatches run: scan, python (same "
+                    "numbers) or auto (python on CPU, scan elsewhere)",
+                    choices=LOOPS + ("auto",))
 
   def __post_init__(self):
-    if self.loop not in LOOPS:
-      raise ValueError(f"loop must be one of {LOOPS}, got {self.loop!r}")
+    if self.loop not in LOOPS + ("auto",):
+      raise ValueError(
+          f"loop must be one of {LOOPS + ('auto',)}, got {self.loop!r}")
     for name in ("feat_dim", "nce_k", "batch_size"):
-      if int(getattr(self, name)) < 1:
-        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+      value = getattr(self, name)
+      if value is not None and int(value) < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
     if self.kt_steps is not None and self.kt_steps < 1:
       raise ValueError(
           f"kt_steps must be >= 1 or None (one pass), got {self.kt_steps}")
@@ -111,6 +113,18 @@ class CRDConfig:
     if not 0.0 <= self.head_momentum < 1.0:
       raise ValueError(
           f"head_momentum must be in [0, 1), got {self.head_momentum}")
+
+  @property
+  def negatives(self) -> int:
+    """K: ``nce_k``, or the reference's 16384 when it is None."""
+    return REFERENCE_NCE_K if self.nce_k is None else self.nce_k
+
+  @property
+  def resolved_loop(self) -> str:
+    """``loop`` with ``"auto"`` replaced by the backend's choice."""
+    if self.loop != "auto":
+      return self.loop
+    return "python" if jax.default_backend() == "cpu" else "scan"
 
 
 @flax.struct.dataclass
@@ -317,7 +331,7 @@ def make_crd_regularizer(student_apply: StudentApply,
     f_t, logits_t = jax.lax.stop_gradient(teacher_fn(teacher_consts, x, mask))
     row_keys = jax.vmap(jax.random.fold_in, (None, 0))(
         jax.random.fold_in(neg_key, step_idx), index)
-    negatives = sample_negatives(row_keys, y, table, config.nce_k)
+    negatives = sample_negatives(row_keys, y, table, config.negatives)
 
     def loss_fn(params, heads):
       f_s, logits_s = student_apply(params, x, mask)
@@ -387,7 +401,7 @@ def make_crd_regularizer(student_apply: StudentApply,
                       jax.tree.map(lambda *m: jnp.stack(m), *metrics))
 
   data = (x_all, y_all, table, teacher_consts)
-  round_fn = scan_round if config.loop == "scan" else python_round
+  round_fn = scan_round if config.resolved_loop == "scan" else python_round
 
   def grad_fn(student_params: Params, state: CRDState
              ) -> tuple[Params, CRDState, dict[str, Any]]:

@@ -1,0 +1,180 @@
+"""The configuration of one run: nested, typed, each field with its help.
+
+``RunConfig`` holds every choice a run makes. Its top-level fields are what
+almost every run sets (``algorithm``, ``dataset``, ``rounds``, ...); the rest
+sits in sections: ``data``, ``pm`` (the pretrained model), ``crd`` (AugFL's
+R_h, :class:`augfl_jax.transfer.CRDConfig`), ``eval`` (fast adaptation of
+held-out clients) and one section per algorithm, which IS that algorithm's
+own config class (``augfl``: :class:`augfl_jax.augfl.AugFLConfig`, ``fedavg``:
+``FedAvgConfig``, ...), so a method's hyper-parameters never leak into
+another's and a renamed field breaks loudly. ``kt_only`` reads ``augfl``,
+``per_fedbc`` reads ``fedbc`` and ``fedlp`` reads ``fedavg``.
+
+A field left ``None`` (or ``"auto"``) takes the dataset's preset, then the
+paper's value (§VI-A), then the backend's measured choice:
+:func:`augfl_jax.training.presets.resolve` fills them in, and ``config.json``
+records the resolved configuration. Flags, sweeps and ``config.json`` name a
+field by its dotted path (``augfl.rho``, ``data.server_size``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from augfl_jax import augfl
+from augfl_jax.algorithms import (fedavg, fedbc, fedcp, fedit, fedoa, fedpcl,
+                                  fedproto, per_fedavg)
+from augfl_jax.fields import field
+from augfl_jax.transfer import crd
+
+AUTO = "auto"  # strategy, conv_impl: the backend's measured choice
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Which examples each client and the server hold (§VI-A)."""
+
+  data_dir: str | None = field(
+      None, "searched first for the dataset's files (its IDX files, or a "
+      "tfds prepared copy); then $AUGFL_JAX_DATA_DIR, the Debian package's "
+      "directory (fashion_mnist) and the tfds default directory")
+  num_clients: int | None = field(
+      None, "clients N, 80% train / 20% held out (default: the dataset's, "
+      "the paper's: 50, or 100 for EMNIST and CIFAR-100; digits 40)")
+  M: int = field(20, "client sizes are uniform on {M, ..., 2M}")  # pylint: disable=invalid-name
+  classes_per_client: int = field(
+      2, "classes per client (pathological partition)")
+  server_size: int | None = field(
+      None, "the server split: the first n training examples (default "
+      "10000; digits 400); synthetic: n examples drawn from its clients "
+      "(default none, 500 for a method with a PM)")
+  partition: str = field("pathological", "how labels are split: "
+                         "pathological (the paper's) or dirichlet",
+                         choices=("pathological", "dirichlet"))
+  dirichlet_alpha: float = field(
+      0.5, "concentration of the Dirichlet label skew")
+
+
+@dataclasses.dataclass(frozen=True)
+class PMConfig:
+  """The server's pretrained model (PM), trained on the server split only."""
+
+  model: str | None = field(
+      None, "PM architecture (default resnet32x4; digits cnn; synthetic "
+      "mlp; fedlp: the client model)")
+  epochs: int | None = field(
+      None, "pretraining epochs when no matching PM is saved (default 240, "
+      "the reference's; digits 30)")
+  kwargs: str = field("", "JSON keyword arguments of the PM model, e.g. "
+                      "'{\"hidden\": [512, 256]}'")
+  dir: str | None = field(
+      None, "the PM's checkpoint directory (default runs/pm/<dataset>_"
+      "<model>..._srv<n>); reused when it matches the run, pretrained when "
+      "missing, refused when it does not match")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """How held-out clients are scored: fast adaptation (Algorithm 1)."""
+
+  alpha: float | None = field(
+      None, "step size of the adaptation SGD steps (default: the "
+      "algorithm's own alpha where it has one, AugFL and Per-FedAvg, else "
+      "0.03, the paper's)")
+  steps: int = field(
+      1, "SGD steps on a held-out client's support set before it is scored "
+      "on its query set")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything a run depends on (the module docstring says how to read it).
+
+  Example::
+
+    config = RunConfig(dataset="fashion_mnist", rounds=100)
+    config = fields.replace(config, **{"augfl.lam": 0.0})   # AugFL w/o PM
+  """
+
+  algorithm: str = field("augfl", "the method (augfl_jax.algorithms."
+                         "REGISTRY): augfl, kt_only, fedavg, per_fedavg, "
+                         "fedbc, per_fedbc, fedlp, fedproto, fedpcl, fedcp, "
+                         "fedit, fedoa")
+  dataset: str = field(
+      "digits", "digits, synthetic (embedded: no files); fashion_mnist, "
+      "mnist, kmnist, emnist (= emnist/letters, the paper's EMNIST, 26 "
+      "classes), emnist/balanced|digits|byclass|bymerge (IDX files or a "
+      "tfds prepared copy); cifar10, cifar100 (a tfds prepared copy)")
+  model: str | None = field(
+      None, "client model: mlp, cnn, logreg, resnet8x4, ... (default: the "
+      "dataset's: digits mlp, synthetic logreg, 28x28 images cnn, CIFAR "
+      "resnet8x4)")
+  norm: str | None = field(
+      None, "normalisation layers of the client model and the PM: batch "
+      "(statistics of the batch at hand, padding masked; the default), "
+      "group (the default on digits) or none",
+      choices=("batch", "group", "none"))
+  conv_impl: str = field(
+      AUTO, "how the convolutions and max-pools of cnn / resnet models run: "
+      "auto (patches on CPU, xla elsewhere), xla or patches; the same "
+      "parameters and outputs up to float rounding")
+  regularizer: str = field(
+      "crd", "AugFL's server regulariser R_h: crd, l2 (same architecture "
+      "only) or none", choices=("crd", "l2", "none"))
+  rounds: int = field(300, "communication rounds")
+  eval_every: int = field(10, "score the held-out clients every this many "
+                          "rounds (and after the last)")
+  clients_per_round: int = field(
+      0, "clients sampled per round, reproducibly from the seed (0: all); "
+      "AugFL aggregates the stale (theta_i, y_i) of the others")
+  seed: int = field(0, "seed of the partition, the initialisation and the "
+                    "run")
+  strategy: str = field(
+      AUTO, "how the client axis runs: auto (the backend's measured choice: "
+      "map on CPU, vmap on GPU/TPU), vmap, map, chunked or sharded")
+  chunk_size: int = field(0, "clients per chunk for --strategy=chunked")
+  data: DataConfig = field(default_factory=DataConfig,
+                           help="the data and its federated partition")
+  pm: PMConfig = field(default_factory=PMConfig, help="the pretrained model")
+  crd: crd.CRDConfig = field(default_factory=crd.CRDConfig,
+                             help="AugFL's R_h, contrastive representation "
+                             "distillation (Section V)")
+  eval: EvalConfig = field(default_factory=EvalConfig,
+                           help="fast adaptation of held-out clients")
+  augfl: augfl.AugFLConfig = field(
+      default_factory=lambda: augfl.AugFLConfig(lam=5.0),
+      help="AugFL and KT-only (Eqs. 7, 10-13); lam 0 is AugFL w/o PM")
+  fedavg: fedavg.FedAvgConfig = field(default_factory=fedavg.FedAvgConfig,
+                                      help="FedAvg and FedLP")
+  per_fedavg: per_fedavg.PerFedAvgConfig = field(
+      default_factory=per_fedavg.PerFedAvgConfig, help="Per-FedAvg")
+  fedbc: fedbc.FedBCConfig = field(
+      default_factory=lambda: fedbc.FedBCConfig(alpha=0.03),
+      help="FedBC and Per-FedBC")
+  fedproto: fedproto.FedProtoConfig = field(
+      default_factory=fedproto.FedProtoConfig, help="FedProto")
+  fedpcl: fedpcl.FedPCLConfig = field(default_factory=fedpcl.FedPCLConfig,
+                                      help="FedPCL")
+  fedcp: fedcp.FedCPConfig = field(default_factory=fedcp.FedCPConfig,
+                                   help="FedCP")
+  fedit: fedit.FedITConfig = field(default_factory=fedit.FedITConfig,
+                                   help="FedIT")
+  fedoa: fedoa.FedOAConfig = field(default_factory=fedoa.FedOAConfig,
+                                   help="FedOA")
+
+
+# The section an algorithm reads its hyper-parameters from.
+SECTIONS = {"augfl": "augfl", "kt_only": "augfl", "fedavg": "fedavg",
+            "fedlp": "fedavg", "per_fedavg": "per_fedavg", "fedbc": "fedbc",
+            "per_fedbc": "fedbc", "fedproto": "fedproto", "fedpcl": "fedpcl",
+            "fedcp": "fedcp", "fedit": "fedit", "fedoa": "fedoa"}
+# Fields a resumed run may change: they do not change the maths (rounds:
+# more rounds continue training; the others only lay out the same
+# computation or say where the files are).
+RESUMABLE_FIELDS = ("rounds", "eval_every", "data.data_dir", "strategy",
+                    "chunk_size", "conv_impl", "crd.loop")
+
+
+def algorithm_config(config: RunConfig):
+  """The config of ``config.algorithm``: its section."""
+  return getattr(config, SECTIONS[config.algorithm])

@@ -1,0 +1,203 @@
+"""A run's output directory: one writer, only its own files, atomic writes.
+
+* **One writer.** :meth:`OutputDir.lock` takes an exclusive ``flock`` on
+  ``<dir>/.augfl_jax.lock`` for the whole run; a second run into the same
+  directory fails at once naming the holder. The kernel drops the lock when
+  its process dies (any signal, ``kill -9``), so a stale lock never blocks.
+* **Only its own files.** A run records what it writes in the manifest
+  ``<dir>/.augfl_jax.json``; ``overwrite`` removes only the files named there
+  and a directory holding files of these names that no manifest claims is
+  refused, never cleared.
+* **Atomic files.** JSON files are written to a temporary sibling, synced
+  and renamed into place; ``metrics.jsonl`` is rewritten the same way when a
+  run resumes, and read tolerantly (a torn last line is dropped, naming the
+  file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Any, Callable, Iterator
+
+__all__ = ["OWN_FILES", "OutputDir", "OutputDirError", "write_json_atomic"]
+
+# What a run writes (``tb/``: TensorBoard events).
+OWN_FILES = ("config.json", "partition.txt", "metrics.jsonl", "summary.json",
+             "checkpoints", "tb")
+MANIFEST = ".augfl_jax.json"
+LOCK = ".augfl_jax.lock"
+
+
+class OutputDirError(ValueError):
+  """The output directory cannot be used (in use, holds foreign files, not
+  writable); the message is one line saying what to do."""
+
+
+def _fsync_dir(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+  """Writes ``text`` to ``path`` through a synced temporary sibling and a
+  rename: readers see the old file or the new one, never a torn one."""
+  directory = os.path.dirname(os.path.abspath(path))
+  tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                     f"-{os.path.basename(path)}")
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """:func:`write_text_atomic` of ``obj`` as strict JSON (NaN refused)."""
+  write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True,
+                                     allow_nan=False) + "\n")
+
+
+class OutputDir:
+  """The directory a run writes to (see the module docstring)."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  def check_writable(self) -> None:
+    """Creates the directory if needed and checks a file can be written
+    there; ``OutputDirError`` in one line otherwise (a file in the way, a
+    read-only or full file system)."""
+    try:
+      os.makedirs(self.path, exist_ok=True)
+      with tempfile.NamedTemporaryFile(dir=self.path, prefix=".probe-"):
+        pass
+    except OSError as e:
+      raise OutputDirError(
+          f"--output_dir {self.path} cannot be written: "
+          f"{e.strerror or e}") from None
+
+  @contextlib.contextmanager
+  def lock(self) -> Iterator[None]:
+    """Holds the directory's exclusive lock (module docstring)."""
+    path = self.file(LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):
+          raise
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        raise OutputDirError(
+            f"{self.path} is in use by another run (process {holder or '?'})"
+            "; wait for it to finish or choose another --output_dir"
+        ) from None
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+      yield
+    finally:
+      os.close(fd)  # releases the lock
+
+  def own_files(self) -> list[str]:
+    """The names the manifest says a run of this tool wrote here."""
+    path = self.file(MANIFEST)
+    if not os.path.exists(path):
+      return []
+    try:
+      with open(path) as f:
+        return [n for n in json.load(f)["files"] if n in OWN_FILES]
+    except (OSError, ValueError, KeyError, TypeError):
+      return []  # a torn manifest claims nothing
+
+  def present(self) -> list[str]:
+    """The names of :data:`OWN_FILES` that exist in the directory."""
+    return [n for n in OWN_FILES if os.path.lexists(self.file(n))]
+
+  def foreign(self) -> list[str]:
+    """Files with the names a run writes that no manifest claims."""
+    own = set(self.own_files())
+    return [n for n in self.present() if n not in own]
+
+  def claim(self) -> None:
+    """Records in the manifest that this run writes :data:`OWN_FILES`."""
+    write_json_atomic(self.file(MANIFEST), {"files": list(OWN_FILES)})
+
+  def clear_own(self) -> None:
+    """Removes the files the manifest claims (never any other file)."""
+    for name in self.own_files():
+      path = self.file(name)
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      elif os.path.lexists(path):
+        os.remove(path)
+
+  def write_json(self, name: str, obj: Any) -> None:
+    write_json_atomic(self.file(name), obj)
+
+  def write_text(self, name: str, text: str) -> None:
+    write_text_atomic(self.file(name), text)
+
+  @staticmethod
+  def record_line(record: dict[str, Any]) -> str:
+    """One ``.jsonl`` line (strict JSON: NaN refused)."""
+    return json.dumps(record, allow_nan=False) + "\n"
+
+  def read_json(self, name: str) -> Any:
+    """A JSON file of the run; an empty or torn one raises
+    ``OutputDirError`` naming it."""
+    path = self.file(name)
+    try:
+      with open(path) as f:
+        return json.load(f)
+    except ValueError as e:
+      raise OutputDirError(
+          f"{path} is not readable JSON ({e}); it was cut short (a full "
+          "disk?): pass --overwrite to start the run again") from None
+
+  def read_records(self, name: str, log: Callable[[str], None]
+                  ) -> list[dict[str, Any]]:
+    """The lines of a ``.jsonl`` file; a torn LAST line (a crash mid-write)
+    is dropped with a message naming the file; a torn line elsewhere raises
+    ``OutputDirError``."""
+    path = self.file(name)
+    if not os.path.exists(path):
+      return []
+    with open(path) as f:
+      lines = [line for line in f.read().split("\n") if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        if i != len(lines) - 1:
+          raise OutputDirError(f"{path}: line {i + 1} is not JSON; the file "
+                               "is damaged: pass --overwrite to start the "
+                               "run again") from None
+        log(f"{path}: dropped its last line, cut short by a crash "
+            f"({line[:40]!r}...); it is recomputed")
+    return records
+
+  def write_records(self, name: str, records: list[dict[str, Any]]) -> None:
+    """Rewrites a ``.jsonl`` file atomically."""
+    write_text_atomic(self.file(name),
+                      "".join(self.record_line(r) for r in records))

@@ -1,0 +1,230 @@
+"""Presets and checks: a :class:`RunConfig` with every default filled in.
+
+:func:`resolve` fills the fields left ``None`` or ``"auto"``, in this order:
+the dataset's preset (:data:`DATASET_PRESETS`), the paper's values
+(:data:`PAPER_DEFAULTS`, §VI-A and the reference's PM recipe), the dataset's
+protocol sizes (:mod:`augfl_jax.data.catalog`) and the backend's measured
+choices (``clients.default_strategy``, ``models.default_conv_impl``).
+:func:`validate` resolves and checks everything that can be checked before
+data is loaded or anything is compiled, and raises ``ValueError`` with one
+line naming the flag (``--augfl.rho``) and what would be right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import jax
+
+from augfl_jax import algorithms, clients, data, models, pretrain
+from augfl_jax import fields
+from augfl_jax.training.config import AUTO, RunConfig, algorithm_config
+
+# The paper's values where the paper or the reference code gives one.
+PAPER_DEFAULTS = {"norm": "batch", "pm.model": "resnet32x4",
+                  "pm.epochs": 240, "crd.nce_k": 16384}
+# Per-dataset values (over the paper's). digits keeps the paper's alpha, rho
+# and lambda with GroupNorm: batch statistics of a 5-20 example query set of
+# two classes change a held-out client's predictions with its class mix.
+DATASET_PRESETS = {
+    "digits": {"model": "mlp", "norm": "group", "pm.model": "cnn",
+               "pm.epochs": 30, "crd.nce_k": 1024},
+    # synthetic: 60 features; its PM is an MLP (one hidden layer of 128).
+    "synthetic": {"model": "logreg", "pm.model": "mlp"},
+    "cifar10": {"model": "resnet8x4"},
+    "cifar100": {"model": "resnet8x4"},
+}
+# The 28x28 grey-scale datasets (mnist, fashion_mnist, kmnist, emnist/*).
+IMAGE_28_PRESET = {"model": "cnn"}
+# Where pretrained models are kept by default: PM_ROOT/pm/<dataset>_<model>...
+PM_ROOT = "runs"
+# The server split is the first server_size examples whatever the run's seed,
+# so every run of a dataset shares it (and its PM): its seed is a constant.
+SERVER_SPLIT_SEED = 0
+# Datasets of natural clients without a server split (synthetic): a run that
+# needs a PM and leaves data.server_size unset draws this many examples at
+# random from the clients for the server (``data.natural_partition``).
+NATURAL_SERVER_SIZE = {"synthetic": 500}
+# Datasets generated from the run's seed: their server split, hence their
+# PM, belong to that seed.
+SEEDED_DATASETS = ("synthetic",)
+# The fast-adaptation step of the paper (alpha), for methods without one.
+PAPER_ALPHA = 0.03
+# Methods that train for fast adaptation with their own inner step alpha:
+# held-out clients adapt with that step.
+ADAPTS_WITH_OWN_ALPHA = ("augfl", "kt_only", "per_fedavg", "per_fedbc")
+
+
+def dataset_preset(dataset: str) -> dict[str, Any]:
+  """The preset of ``dataset`` (a canonical name), dotted names."""
+  return DATASET_PRESETS.get(dataset, IMAGE_28_PRESET)
+
+
+def pm_role(config: RunConfig) -> str:
+  """What the run's PM does (``algorithms.PM_ROLES``); ``"none"`` for
+  AugFL without a regulariser (lam 0 or ``regularizer="none"``)."""
+  role = algorithms.REGISTRY[config.algorithm].pm_role
+  if role == "regularizer" and (config.augfl.lam == 0 or
+                                config.regularizer == "none"):
+    return "none"
+  return role
+
+
+def server_split_seed(config: RunConfig) -> int:
+  """The seed the run's server split (and its PM) belongs to."""
+  return (config.seed if config.dataset in SEEDED_DATASETS
+          else SERVER_SPLIT_SEED)
+
+
+def resolve(config: RunConfig) -> RunConfig:
+  """``config`` with every preset, paper and backend default filled in
+  (idempotent)."""
+  dataset = data.canonical_name(config.dataset)
+  spec = data.DATASETS[dataset]
+  config = fields.replace(config, dataset=dataset)
+  filled = {**PAPER_DEFAULTS, **dataset_preset(dataset),
+            "data.num_clients": spec.num_clients}
+  filled["data.server_size"] = spec.server_size
+  if pm_role(config) != "none" and dataset in NATURAL_SERVER_SIZE:
+    filled["data.server_size"] = NATURAL_SERVER_SIZE[dataset]
+  config = fields.replace(config, **{
+      name: value for name, value in filled.items()
+      if fields.get(config, name) is None})
+  if algorithms.REGISTRY[config.algorithm].pm_role == "initialization":
+    config = fields.replace(config, **{"pm.model": config.model})
+  changes: dict[str, Any] = {}
+  if config.strategy == AUTO:
+    changes["strategy"] = clients.default_strategy().name
+  if config.conv_impl == AUTO:
+    changes["conv_impl"] = models.default_conv_impl()
+  if config.crd.loop == AUTO:
+    # XLA:CPU runs its own convolutions inside lax.scan slowly
+    # (transfer/crd.py); "patches" convolutions are matmuls and scan well.
+    changes["crd.loop"] = ("python" if jax.default_backend() == "cpu" and
+                           changes.get("conv_impl", config.conv_impl) == "xla"
+                           else "scan")
+  if config.crd.kt_steps is None and config.data.server_size:
+    changes["crd.kt_steps"] = -(-config.data.server_size //
+                                config.crd.batch_size)
+  if config.eval.alpha is None:
+    changes["eval.alpha"] = (algorithm_config(config).alpha
+                             if config.algorithm in ADAPTS_WITH_OWN_ALPHA
+                             else PAPER_ALPHA)
+  if config.pm.dir is None:
+    changes["pm.dir"] = default_pm_dir(config)
+  return fields.replace(config, **changes)
+
+
+def default_pm_dir(config: RunConfig) -> str:
+  """``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>][-seed<s>]_srv<n>``:
+  PMs of one architecture with another norm or kwargs live side by side."""
+  name = config.pm.model + (
+      "-" + re.sub(r"[^A-Za-z0-9]+", "-", config.pm.kwargs).strip("-")
+      if config.pm.kwargs else "")
+  if config.norm != "batch" and config.pm.model != "logreg":
+    name += f"-{config.norm}"
+  if config.dataset in SEEDED_DATASETS:
+    name += f"-seed{config.seed}"
+  return pretrain.default_pm_dir(PM_ROOT, config.dataset, name,
+                                 config.data.server_size)
+
+
+def model_kwargs(name: str, norm: str, json_kwargs: str = "",
+                 conv_impl: str = AUTO) -> dict[str, Any]:
+  """Keyword arguments of ``models.create_model(name, ...)``: the norm (not
+  for logreg), ``conv_impl`` (models with convolutions) and the JSON object
+  ``json_kwargs``, e.g. ``'{"hidden": [512, 256]}'``."""
+  kwargs = {} if name == "logreg" else {"norm": norm}
+  if name in models.CONV_MODELS:
+    kwargs["conv_impl"] = conv_impl
+  if json_kwargs:
+    try:
+      extra = json.loads(json_kwargs)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"--pm.kwargs is not valid JSON ({e}); write e.g. "
+                       "'{\"hidden\": [512, 256]}'") from None
+    if not isinstance(extra, dict):
+      raise ValueError("--pm.kwargs must be a JSON object, e.g. "
+                       "'{\"hidden\": [512, 256]}'")
+    kwargs.update({k: tuple(v) if isinstance(v, list) else v
+                   for k, v in extra.items()})
+  return kwargs
+
+
+def _check_fields(config: RunConfig) -> None:
+  """Every float finite (unless the field allows inf), every choice known."""
+  for name, f, _, value in fields.walk(config):
+    if (isinstance(value, float) and not math.isfinite(value) and
+        not (f.metadata.get("allow_inf") and value == math.inf)):
+      raise ValueError(f"--{name} must be a finite number, got {value}")
+    choices = f.metadata.get("choices")
+    if choices and value is not None and value not in choices:
+      raise ValueError(f"unknown --{name} {value!r}; choose one of "
+                       f"{', '.join(choices)}")
+
+
+def validate(config: RunConfig) -> RunConfig:
+  """Resolves ``config`` and checks it; returns the resolved config.
+
+  Raises:
+    ValueError: one line saying what is wrong and what would be right.
+    data.DatasetUnavailableError: the dataset's files are not on this
+      machine (one line: the files, the places searched, how to get them).
+  """
+  if config.algorithm not in algorithms.REGISTRY:
+    raise ValueError(f"unknown algorithm {config.algorithm!r}; choose one of "
+                     f"{', '.join(algorithms.REGISTRY)}")
+  _check_fields(config)
+  config = resolve(config)
+  _check_fields(config)
+  known_models = models.available_models()
+  role, d = pm_role(config), config.data
+  checks = [
+      (config.model in known_models, f"unknown --model {config.model!r}; "
+       f"choose one of {', '.join(known_models)}"),
+      (config.rounds >= 1, f"--rounds must be >= 1, got {config.rounds}"),
+      (config.eval_every >= 1,
+       f"--eval_every must be >= 1, got {config.eval_every}"),
+      (d.M >= 1, f"--data.M must be >= 1, got {d.M}"),
+      (d.num_clients >= 2, "--data.num_clients must be >= 2 (train and "
+       f"held-out clients), got {d.num_clients}"),
+      (d.server_size >= 0,
+       f"--data.server_size must be >= 0, got {d.server_size}"),
+      (config.clients_per_round >= 0,
+       f"--clients_per_round must be >= 0 (0: all), got "
+       f"{config.clients_per_round}"),
+      (config.eval.alpha > 0,
+       f"--eval.alpha must be > 0, got {config.eval.alpha}"),
+      (config.eval.steps >= 0,
+       f"--eval.steps must be >= 0, got {config.eval.steps}"),
+      (config.strategy in clients.STRATEGIES,
+       f"unknown --strategy {config.strategy!r}; choose auto or one of "
+       f"{', '.join(clients.STRATEGIES)}"),
+      (config.conv_impl in models.CONV_IMPLS,
+       f"unknown --conv_impl {config.conv_impl!r}; choose auto or one of "
+       f"{', '.join(models.CONV_IMPLS)}"),
+      (role == "none" or d.server_size > 0,
+       f"{config.algorithm} needs a pretrained model, trained on a server "
+       "split, but --data.server_size is 0; give the server examples "
+       "(--data.server_size=N)" + (", or use --augfl.lam=0"
+                                   if role == "regularizer" else "")),
+      (role == "none" or config.pm.model in known_models,
+       f"unknown --pm.model {config.pm.model!r}; choose one of "
+       f"{', '.join(known_models)}"),
+      (role == "none" or config.pm.epochs >= 1,
+       f"--pm.epochs must be >= 1, got {config.pm.epochs}"),
+  ]
+  for ok, message in checks:
+    if not ok:
+      raise ValueError(message)
+  if role != "none":
+    model_kwargs(config.pm.model, config.norm, config.pm.kwargs,
+                 config.conv_impl)
+  clients.ClientStrategy(config.strategy, config.chunk_size or None)
+  location = data.locate(config.dataset, config.data.data_dir)
+  if location.kind != "embedded":  # record where the files are
+    config = fields.replace(config, **{"data.data_dir": location.path})
+  return config

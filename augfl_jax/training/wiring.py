@@ -1,0 +1,119 @@
+"""From a resolved :class:`RunConfig` to data, models and an algorithm.
+
+Each algorithm declares its PM role once (``algorithms.REGISTRY``); this is
+the one place that acts on it:
+
+* ``regularizer`` (AugFL with lam > 0, KT-only): the PM stays on the server
+  inside ``grad R_h`` (:mod:`augfl_jax.transfer`);
+* ``initialization`` (FedLP): the client model starts from the PM, a model
+  of the client's architecture pretrained on the server split;
+* ``encoder`` (FedPCL): every client runs the frozen PM as its encoder and
+  trains a projector (one hidden layer of 256) on its features;
+* ``backbone`` (FedIT, FedOA): LoRA adapters on the frozen PM.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from augfl_jax import algorithms, clients, data, models, pretrain, transfer
+from augfl_jax.training import presets
+from augfl_jax.training.config import RunConfig, algorithm_config
+
+Log = Callable[[str], None]
+
+
+def load_federated(config: RunConfig) -> tuple[data.FederatedData, str]:
+  """The run's federated data and its description (the files read, the
+  partition, the server split's class histogram)."""
+  d = config.data
+  dataset = data.load_dataset(config.dataset, data_dir=d.data_dir,
+                              seed=config.seed)
+  partition = data.make_partition(
+      dataset, num_clients=d.num_clients, M=d.M,
+      classes_per_client=d.classes_per_client, server_size=d.server_size,
+      partition=d.partition, dirichlet_alpha=d.dirichlet_alpha,
+      seed=config.seed)
+  return (data.build_federated(dataset, partition),
+          f"dataset {dataset.name}: {dataset.source}\n"
+          + data.describe(partition, dataset.y))
+
+
+def pm_model(config: RunConfig, num_classes: int):
+  """The PM's Flax module."""
+  return models.create_model(
+      config.pm.model, num_classes, **presets.model_kwargs(
+          config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
+
+
+def load_pm(config: RunConfig, fed: data.FederatedData, log: Log):
+  """``(module, params, metadata)``: reused from ``config.pm.dir`` when it
+  matches the run, pretrained on the server split when there is none."""
+  module = pm_model(config, fed.num_classes)
+  params, meta = pretrain.get_or_pretrain_pm(
+      config.pm.dir, model=module, model_name=config.pm.model,
+      dataset_name=config.dataset, server=fed.server,
+      server_size=config.data.server_size,
+      split_seed=presets.server_split_seed(config),
+      config=pretrain.PretrainConfig(model=config.pm.model,
+                                     epochs=config.pm.epochs),
+      input_shape=fed.input_shape, log=log)
+  held = meta.get("heldout_accuracy")
+  log(f"PM {config.pm.model} ({meta.get('num_params', 0):,} parameters, "
+      f"held-out accuracy {'n/a' if held is None else f'{100 * held:.2f}%'})"
+      f" from {config.pm.dir}")
+  return module, params, meta
+
+
+def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log
+                   ) -> tuple[algorithms.FederatedAlgorithm, Any]:
+  """``(algorithm, initial_params)`` for the run, with the PM wired in by
+  its role (module docstring)."""
+  role = presets.pm_role(config)
+  model = models.create_model(
+      config.model, fed.num_classes,
+      **presets.model_kwargs(config.model, config.norm,
+                             conv_impl=config.conv_impl))
+  input_shape = fed.input_shape
+  regularizer = encoder_apply = None
+  if role != "none":  # first: a mismatched PM fails before any compilation
+    module, pm_params, _ = load_pm(config, fed, log)
+    pm_apply = lambda x, mask: module.apply({"params": pm_params}, x,
+                                            mask=mask)
+  init_key = jax.random.split(jax.random.key(config.seed))[0]
+  params = None
+  if role == "regularizer":
+    log(f"server regulariser {config.regularizer}, lam {config.augfl.lam}")
+    regularizer = transfer.make_regularizer(
+        config.regularizer, student_apply=models.make_features_fn(model),
+        teacher_apply=pm_apply, pm_params=pm_params, server=fed.server,
+        config=config.crd)
+  elif role == "encoder":
+    encoder_apply = lambda x, mask: pm_apply(x, mask)[0]
+    features = jax.eval_shape(
+        encoder_apply, jax.ShapeDtypeStruct((2,) + input_shape, jnp.float32),
+        jax.ShapeDtypeStruct((2,), jnp.float32))
+    input_shape = features.shape[1:]
+    model = models.create_model("mlp", fed.num_classes, hidden=(256,),
+                                norm="none")
+  elif role in ("initialization", "backbone"):
+    params = pm_params
+    if role == "backbone":
+      model = module
+  if params is None:
+    params = models.init_params(model, init_key, input_shape)
+  name = {"backbone": f"{config.pm.model} + LoRA",
+          "encoder": "projector mlp"}.get(role, config.model)
+  log(f"model {name}: {models.num_params(params):,} parameters; algorithm "
+      f"{config.algorithm}; {fed.train.num_clients} train / "
+      f"{fed.test.num_clients} test clients")
+  algo = algorithms.build(
+      config.algorithm, model, algorithm_config(config),
+      strategy=clients.ClientStrategy(config.strategy,
+                                      config.chunk_size or None),
+      eval_alpha=config.eval.alpha, eval_steps=config.eval.steps,
+      regularizer=regularizer, encoder_apply=encoder_apply)
+  return algo, params
