@@ -26,24 +26,20 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "configs")
 
 
-def define_config_flags() -> None:
-  """Defines one flag per leaf field of ``RunConfig`` (once)."""
-  if "augfl.rho" in FLAGS:
+def define_config_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+  """Defines one flag per leaf field of ``RunConfig`` in ``flag_values``
+  (once)."""
+  if "augfl.rho" in flag_values:
     return
   for name, f, owner, value in fields.walk(training.RunConfig()):
     kind = fields.leaf_type(owner, f.name)
     text = fields.help_text(f) or f.name
-    if kind is bool:
-      flags.DEFINE_bool(name, value, text)
-    elif kind is int:
-      flags.DEFINE_integer(name, value, text)
-    elif kind is float:
-      flags.DEFINE_float(name, value, text)
-    elif kind is tuple:
-      flags.DEFINE_list(name, list(value) if value is not None else None,
-                        text)
-    else:
-      flags.DEFINE_string(name, value, text)
+    define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
+              float: flags.DEFINE_float, tuple: flags.DEFINE_list}.get(
+                  kind, flags.DEFINE_string)
+    if kind is tuple and value is not None:
+      value = list(value)
+    define(name, value, text, flag_values=flag_values)
 
 
 def define_run_control_flags() -> None:
@@ -70,12 +66,13 @@ def define_run_control_flags() -> None:
                       "jax_cache, ~/.cache without XDG_CACHE_HOME)")
 
 
-def config_from_flags() -> training.RunConfig:
+def config_from_flags(flag_values: flags.FlagValues = FLAGS
+                     ) -> training.RunConfig:
   """The ``RunConfig`` the flags describe (not yet resolved)."""
   config = training.RunConfig()
   changes = {}
   for name, _, owner, value in fields.walk(config):
-    flag = FLAGS[name].value
+    flag = flag_values[name].value
     if fields.leaf_type(owner, name.rpartition(".")[2]) is tuple:
       flag = tuple(flag) if flag is not None else None
     if flag != value:

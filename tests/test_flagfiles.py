@@ -1,0 +1,38 @@
+"""The shipped flag files spell out exactly the presets a bare --dataset gets."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from absl import flags
+
+from augfl_jax import fields, training
+from experiments import flags as run_flags
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "experiments", "configs")
+
+
+def _config_from_flagfile(path: str) -> training.RunConfig:
+  values = flags.FlagValues()
+  run_flags.define_config_flags(values)
+  values(["prog", f"--flagfile={path}"])
+  return run_flags.config_from_flags(values)
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIGS,
+                                                               "*.flags"))))
+def test_flagfile_is_the_preset(path):
+  config = _config_from_flagfile(path)
+  preset = training.resolve(training.RunConfig(dataset=config.dataset))
+  assert training.resolve(config) == preset, fields.diff(
+      preset, training.resolve(config))
+
+
+def test_every_file_dataset_has_a_flagfile():
+  names = {os.path.basename(p)[:-6] for p in glob.glob(
+      os.path.join(CONFIGS, "*.flags"))}
+  assert {"digits", "synthetic", "fashion_mnist", "emnist", "cifar10",
+          "cifar100"} <= names
