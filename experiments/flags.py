@@ -144,8 +144,8 @@ def run_command(body: Callable[[], Any]) -> Any:
   try:
     return body()
   except USER_ERRORS as e:
-    print(f"error: {str(e).strip().splitlines()[0] if str(e) else e!r}",
-          file=sys.stderr)
+    message = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+    print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
 

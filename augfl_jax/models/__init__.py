@@ -37,7 +37,8 @@ __all__ = [
     "MaskedBatchNorm", "NORMS", "masked_moments", "CONV_MODELS",
     "CONV_IMPLS", "default_conv_impl", "resolve_conv_impl",
     "resnet8", "resnet20", "resnet32", "resnet8x4", "resnet32x4",
-    "create_model", "available_models", "init_params", "num_params",
+    "create_model", "available_models", "init_params", "init_batch_stats",
+    "num_params",
     "masked_mean", "make_loss_fn", "make_eval_fn", "make_features_fn",
 ]
 
@@ -97,18 +98,32 @@ def init_params(
       is initialised on a zero batch of 2 such examples.
 
   Returns:
-    ``variables["params"]``.
+    ``variables["params"]`` (a batch-norm model's running statistics, which
+    only PM pretraining keeps, come from :func:`init_batch_stats`).
 
   Raises:
-    ValueError: if the model created collections other than ``"params"``.
+    ValueError: if the model created collections other than ``"params"``
+      and ``"batch_stats"``.
   """
+  variables = _init(model, key, input_shape)
+  return variables["params"]
+
+
+def _init(model: nn.Module, key: PRNGKey, input_shape: tuple[int, ...]):
   x = jnp.zeros((2,) + tuple(input_shape), jnp.float32)
   variables = model.init(key, x)
-  extra = set(variables) - {"params"}
+  extra = set(variables) - {"params", "batch_stats"}
   if extra:
-    raise ValueError(
-        f"Models must only have a 'params' collection; found {sorted(extra)}.")
-  return variables["params"]
+    raise ValueError("Models must only have 'params' and 'batch_stats' "
+                     f"collections; found {sorted(extra)}.")
+  return variables
+
+
+def init_batch_stats(model: nn.Module, input_shape: tuple[int, ...]
+                    ) -> Params:
+  """The initial running statistics of ``model``'s batch-norm layers
+  (``mean`` 0, ``var`` 1; ``{}`` for a model without batch norm)."""
+  return _init(model, jax.random.key(0), input_shape).get("batch_stats", {})
 
 
 def num_params(params: Params) -> int:

@@ -1,16 +1,23 @@
 """Masked normalisation layers and padding helpers shared by the models.
 
-The reference (CRD / AugFL PyTorch code) runs its ResNets in training mode
-everywhere, so batch-norm statistics always come from the batch at hand, also
-during evaluation. ``MaskedBatchNorm`` does the same, without running averages
-(the models have only a ``"params"`` collection, so every model function is
-pure in its parameters and can be vmapped / differentiated over clients), and
-with a mask so that padded rows never enter the statistics.
+The reference (CRD / AugFL PyTorch code) runs its client models in training
+mode everywhere, so batch-norm statistics always come from the batch at hand,
+also during evaluation. ``MaskedBatchNorm`` does the same, with a mask so
+that padded rows never enter the statistics; a client model has only a
+``"params"`` collection, so every model function is pure in its parameters
+and can be vmapped / differentiated over clients. The reference runs its
+pretrained teacher in eval mode instead, with running statistics gathered
+while it trained: a model applied with a mutable ``"batch_stats"``
+collection keeps such running averages (PyTorch's: momentum 0.1, unbiased
+variance), and ``norm="running"`` normalises with them.
 
 ``norm`` strings understood by every model:
 
 * ``"batch"``: ``MaskedBatchNorm``, per-batch statistics of the REAL examples
   (mask 1) of the batch the model is applied to, as the reference does.
+* ``"running"``: the same layers and parameters, normalised with the running
+  statistics of the ``"batch_stats"`` collection (eval mode; each example on
+  its own, so the outputs do not depend on the rest of the batch).
 * ``"group"``: ``flax.linen.GroupNorm``, per-example statistics (independent of
   the rest of the batch, so independent of padding by construction).
 * ``"none"``: identity.
@@ -24,7 +31,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-NORMS = ("batch", "group", "none")
+NORMS = ("batch", "running", "group", "none")
+# PyTorch's BatchNorm momentum: running = (1 - m) running + m batch.
+RUNNING_MOMENTUM = 0.1
 
 
 def check_norm(norm: str) -> str:
@@ -116,25 +125,36 @@ def masked_moments(
 class MaskedBatchNorm(nn.Module):
   """Batch norm with statistics from the real examples of the current batch.
 
-  "batch" normalisation here always means per-batch statistics (training-mode
-  batch norm, as the reference runs its ResNets, also at evaluation), computed
-  over the batch and spatial axes of the rows with mask 1 only; there are no
-  running averages and no mutable collections. ``y = (x - mean) /
-  sqrt(var + epsilon) * scale + bias`` per channel (last axis), see
-  ``masked_moments``. Adding padded rows (mask 0) with any values changes
-  neither the outputs of the real rows nor their gradients. Padded rows are
-  centred to exactly 0 (their output is ``bias``), so even inf/NaN there
-  cannot reach a parameter gradient through ``0 * inf``.
+  With ``use_running_average=False`` (``norm="batch"``) the statistics are
+  the batch's: computed over the batch and spatial axes of the rows with
+  mask 1 only (training-mode batch norm, as the reference runs its client
+  models, also at evaluation). ``y = (x - mean) / sqrt(var + epsilon) *
+  scale + bias`` per channel (last axis), see ``masked_moments``. Adding
+  padded rows (mask 0) with any values changes neither the outputs of the
+  real rows nor their gradients. Padded rows are centred to exactly 0 (their
+  output is ``bias``), so even inf/NaN there cannot reach a parameter
+  gradient through ``0 * inf``.
+
+  When the ``"batch_stats"`` collection is mutable (PM pretraining), the
+  layer also keeps running averages ``mean`` and ``var`` (initialised to 0
+  and 1): ``running <- (1 - momentum) running + momentum batch``, with the
+  variance unbiased by ``count / (count - 1)``, as PyTorch does. With
+  ``use_running_average=True`` (``norm="running"``) it normalises with those
+  instead (eval mode).
 
   Attributes:
     epsilon: added to the variance (PyTorch's BatchNorm2d default, 1e-5).
     use_scale: learn a per-channel scale, initialised to 1.
     use_bias: learn a per-channel bias, initialised to 0.
+    use_running_average: normalise with the running statistics.
+    momentum: weight of a batch in the running statistics.
   """
 
   epsilon: float = 1e-5
   use_scale: bool = True
   use_bias: bool = True
+  use_running_average: bool = False
+  momentum: float = RUNNING_MOMENTUM
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -148,7 +168,25 @@ class MaskedBatchNorm(nn.Module):
       ``[n, ..., C]``, same dtype as ``x``.
     """
     channels = x.shape[-1]
-    _, var, centred = _centred_moments(x, mask)
+    tracking = (self.use_running_average or
+                self.is_mutable_collection("batch_stats"))
+    if tracking:
+      ra_mean = self.variable("batch_stats", "mean", jnp.zeros, (channels,),
+                              jnp.float32)
+      ra_var = self.variable("batch_stats", "var", jnp.ones, (channels,),
+                             jnp.float32)
+    if self.use_running_average:
+      keep = _row_weights(x, mask) > 0
+      centred = jnp.where(keep, x.astype(jnp.float32) - ra_mean.value, 0.0)
+      var = ra_var.value
+    else:
+      mean, var, centred = _centred_moments(x, mask)
+      if tracking and not self.is_initializing():
+        count = jnp.sum(_row_weights(x, mask)) * math.prod(x.shape[1:-1])
+        unbiased = var * count / jnp.maximum(count - 1.0, 1.0)
+        m = self.momentum
+        ra_mean.value = (1 - m) * ra_mean.value + m * mean
+        ra_var.value = (1 - m) * ra_var.value + m * unbiased
     y = centred * jax.lax.rsqrt(var + self.epsilon)
     if self.use_scale:
       y = y * self.param("scale", nn.initializers.ones, (channels,))
@@ -181,7 +219,8 @@ def apply_norm(
 
   Args:
     norm: ``"batch"`` (``MaskedBatchNorm``: per-batch statistics of the real
-      examples, as the reference does), ``"group"`` (``nn.GroupNorm`` with
+      examples, as the reference does), ``"running"`` (``MaskedBatchNorm``
+      with the running statistics of ``"batch_stats"``), ``"group"`` (``nn.GroupNorm`` with
       ``group_count(C, num_groups)`` groups) or ``"none"`` (identity).
     x: ``[n, ..., C]`` activations.
     mask: ``[n]`` (1 = real, 0 = padding) or None; only ``"batch"`` uses it.
@@ -193,8 +232,9 @@ def apply_norm(
     ``[n, ..., C]`` normalised activations.
   """
   check_norm(norm)
-  if norm == "batch":
-    return MaskedBatchNorm(epsilon=epsilon, name=name)(x, mask)
+  if norm in ("batch", "running"):
+    return MaskedBatchNorm(epsilon=epsilon, name=name,
+                           use_running_average=norm == "running")(x, mask)
   if norm == "group":
     groups = group_count(x.shape[-1], num_groups)
     return nn.GroupNorm(num_groups=groups, epsilon=epsilon, name=name)(x)

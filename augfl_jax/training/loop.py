@@ -223,6 +223,7 @@ def _run_locked(config, out, log, checkpoint_every, resume, overwrite,
     log(f"resuming from round {start_round} ({checkpoints.path(start_round)})")
   else:
     out.clear_own()
+    checkpoints = RunCheckpoints(out.file("checkpoints"))  # none now
     out.claim()
     out.write_json("config.json", fields.to_dict(config))
     out.write_text("partition.txt", description + "\n")
