@@ -17,13 +17,16 @@ examples, ``F = feat_dim``, ``B`` a minibatch and ``K`` negatives:
 
 from __future__ import annotations
 
+import functools
+import math
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from augfl_jax.models import masked_mean
-from augfl_jax.types import PRNGKey
+from augfl_jax.types import Params, PRNGKey
 
 EPS = 1e-7  # crd/criterion.py
 HIGHEST = jax.lax.Precision.HIGHEST  # logits are divided by tau = 0.07
@@ -182,3 +185,44 @@ def kd_loss(student_logits: jax.Array, teacher_logits: jax.Array,
                                / temperature)
   kl = jnp.sum(jnp.exp(log_p_t) * (log_p_t - log_p_s), axis=-1)
   return masked_mean(kl, mask) * temperature**2
+
+
+def init_head(key: PRNGKey, dim_in: int, dim_out: int) -> Params:
+  """``nn.Linear(dim_in, dim_out)`` params as PyTorch initialises them.
+
+  Kernel and bias uniform in ``[-1/sqrt(dim_in), 1/sqrt(dim_in)]``.
+  """
+  bound = 1.0 / math.sqrt(dim_in)
+  k_w, k_b = jax.random.split(key)
+  return {"kernel": jax.random.uniform(k_w, (dim_in, dim_out), jnp.float32,
+                                       -bound, bound),
+          "bias": jax.random.uniform(k_b, (dim_out,), jnp.float32,
+                                     -bound, bound)}
+
+
+def embed(head: Params, features: jax.Array,
+          mask: jax.Array | None = None) -> jax.Array:
+  """``normalize(flatten(features) @ kernel + bias)``: ``[B, ...] -> [B, F]``.
+
+  Padded rows (mask 0) are replaced before normalising so that they can never
+  produce a NaN, not even in a gradient.
+  """
+  x = features.reshape(features.shape[0], -1).astype(jnp.float32)
+  z = jnp.dot(x, head["kernel"], precision=HIGHEST) + head["bias"]
+  if mask is not None:
+    z = jnp.where(mask[:, None] > 0, z, 1.0)
+  return z / jnp.sqrt(jnp.sum(z * z, axis=-1, keepdims=True))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def init_arrays(key: PRNGKey, d_s: int, d_t: int, n: int, feat_dim: int):
+  """Heads (PyTorch init), banks U[-1/sqrt(F/3), 1/sqrt(F/3)], root key."""
+  k_s, k_t, k_ms, k_mt, k_root = jax.random.split(key, 5)
+  heads = {"embed_s": init_head(k_s, d_s, feat_dim),
+           "embed_t": init_head(k_t, d_t, feat_dim)}
+  stdv = 1.0 / math.sqrt(feat_dim / 3)
+  bank = lambda k: jax.random.uniform(k, (n, feat_dim), jnp.float32, -stdv,
+                                      stdv)
+  return heads, bank(k_ms), bank(k_mt), k_root
+
+
