@@ -78,6 +78,7 @@ def make_partition(
     partition: str = "pathological",
     dirichlet_alpha: float = 0.5,
     train_fraction: float = 0.8,
+    support_fraction: float = 0.5,
     seed: int = 0,
 ) -> Partition:
   """Partitions a loaded dataset as :func:`load_federated` does.
@@ -90,6 +91,7 @@ def make_partition(
   if dataset.client_ids is not None:
     # Natural clients: a server split, if any, is drawn from their examples.
     return natural_partition(dataset.client_ids, train_fraction=train_fraction,
+                             support_fraction=support_fraction,
                              seed=seed, labels=dataset.y,
                              server_size=server_size or 0)
   defaults = DATASET_DEFAULTS.get(dataset.name)
@@ -102,7 +104,8 @@ def make_partition(
   if server_size is None:
     server_size = defaults["server_size"]
   common = dict(num_clients=num_clients, M=M, server_size=server_size,
-                train_fraction=train_fraction, seed=seed,
+                train_fraction=train_fraction,
+                support_fraction=support_fraction, seed=seed,
                 num_classes=dataset.num_classes)
   if partition == "pathological":
     return pathological_partition(
@@ -124,6 +127,7 @@ def load_federated(
     partition: str = "pathological",
     dirichlet_alpha: float = 0.5,
     train_fraction: float = 0.8,
+    support_fraction: float = 0.5,
     seed: int = 0,
     data_dir: str | None = None,
     synthetic_alpha: float = 1.0,
@@ -145,6 +149,8 @@ def load_federated(
       ``classes_per_client``).
     dirichlet_alpha: Dirichlet concentration for ``partition="dirichlet"``.
     train_fraction: fraction of clients that train; the rest are held out.
+    support_fraction: fraction of a client's examples in its support set
+      (the paper's 0.5; the reference code's 0.2 for Fashion-MNIST, EMNIST).
     seed: seed of the partition (and of the ``synthetic`` generator).
     data_dir: searched first for the dataset's files (IDX files or a tfds
       prepared copy; never downloads), see :func:`locate`.
@@ -174,5 +180,6 @@ def load_federated(
       dataset, num_clients=num_clients, M=M,
       classes_per_client=classes_per_client, server_size=server_size,
       partition=partition, dirichlet_alpha=dirichlet_alpha,
-      train_fraction=train_fraction, seed=seed)
+      train_fraction=train_fraction, support_fraction=support_fraction,
+      seed=seed)
   return build_federated(dataset, part)

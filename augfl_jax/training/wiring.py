@@ -36,7 +36,7 @@ def load_federated(config: RunConfig) -> tuple[data.FederatedData, str]:
       dataset, num_clients=d.num_clients, M=d.M,
       classes_per_client=d.classes_per_client, server_size=d.server_size,
       partition=d.partition, dirichlet_alpha=d.dirichlet_alpha,
-      seed=config.seed)
+      support_fraction=d.support_fraction, seed=config.seed)
   return (data.build_federated(dataset, partition),
           f"dataset {dataset.name}: {dataset.source}\n"
           + data.describe(partition, dataset.y))
