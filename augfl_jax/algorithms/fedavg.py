@@ -35,9 +35,8 @@ def local_update(loss_fn: LossFn, config: FedAvgConfig, params: Params,
                  client: ClientData, key: PRNGKey):
   """One client's E epochs of SGD on D_i = D_i^s ∪ D_i^q; returns (params, loss)."""
   data = local.concat_batches(client.support, client.query)
-  return local.sgd_epochs(loss_fn, params, data, key,
-                          epochs=config.local_epochs,
-                          batch_size=config.batch_size, lr=config.lr)
+  return local.train(loss_fn, local.sgd(config.lr), params, data, key,
+                     epochs=config.local_epochs, batch_size=config.batch_size)
 
 
 init_state = averaging.init_state

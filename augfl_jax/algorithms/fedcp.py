@@ -259,11 +259,10 @@ def local_update(model: nn.Module, config: FedCPConfig, params: Params,
     return ce + config.lam * mmd(rep, jax.lax.stop_gradient(base), mask)
 
   trainable = {"extractor": extractor, "cpn": cpn, "head": personal_head}
-  trainable, loss = prototypes.train_epochs(
-      loss_fn, trainable, data, key,
+  trainable, loss = local.train(
+      loss_fn, local.sgd(config.lr, config.momentum), trainable, data, key,
       epochs=config.local_epochs if epochs is None else epochs,
-      batch_size=config.batch_size,
-      optimizer=prototypes.sgd(config.lr, config.momentum))
+      batch_size=config.batch_size, keyed=True)
   upload = jax.tree.map(
       lambda p, g: config.head_mix * p + (1.0 - config.head_mix) * g,
       trainable["head"], global_head)

@@ -106,9 +106,9 @@ def local_update(model: nn.Module, config: FedITConfig, backbone: Params,
     ``(adapter, mean loss)``.
   """
   data = local.concat_batches(client.support, client.query)
-  return local.sgd_epochs(adapter_loss_fn(model, backbone, config), adapter,
-                          data, key, epochs=config.local_epochs,
-                          batch_size=config.batch_size, lr=config.lr)
+  return local.train(adapter_loss_fn(model, backbone, config),
+                     local.sgd(config.lr), adapter, data, key,
+                     epochs=config.local_epochs, batch_size=config.batch_size)
 
 
 def make_round(model: nn.Module, config: FedITConfig,

@@ -189,10 +189,10 @@ def train_personal(model: nn.Module, config: FedOAConfig, backbone: Params,
                    data: Batch, key: PRNGKey):
   """``local_epochs`` epochs of SGD (step ``personal_step``) on the FedOA
   objective from ``personal``; returns ``(personal, mean objective)``."""
-  return local.sgd_epochs(
-      personal_objective(model, config, backbone, anchor), personal, data,
-      key, epochs=config.local_epochs, batch_size=config.batch_size,
-      lr=config.personal_step)
+  return local.train(
+      personal_objective(model, config, backbone, anchor),
+      local.sgd(config.personal_step), personal, data, key,
+      epochs=config.local_epochs, batch_size=config.batch_size)
 
 
 def client_update(model: nn.Module, config: FedOAConfig, backbone: Params,

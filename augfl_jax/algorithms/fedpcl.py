@@ -213,11 +213,10 @@ def local_update(project, config: FedPCLConfig, params: Params,
         state.global_counts, client_protos, client_valid,
         temperature=config.temperature)[0]
 
-  params, loss = prototypes.train_epochs(
-      loss_fn, params, data, key,
+  params, loss = local.train(
+      loss_fn, local.sgd(config.lr, config.momentum), params, data, key,
       epochs=config.local_epochs if epochs is None else epochs,
-      batch_size=config.batch_size,
-      optimizer=prototypes.sgd(config.lr, config.momentum))
+      batch_size=config.batch_size, keyed=True)
   z = project(params, data["x"], data["mask"])
   protos, counts = prototypes.class_prototypes(
       z, data["y"], data["mask"], state.global_protos.shape[0])

@@ -164,11 +164,11 @@ def local_update(model: nn.Module, config: FedProtoConfig, params: Params,
     ``(params, protos [K, d], counts [K], mean training loss)``.
   """
   features_fn = models.make_features_fn(model)
-  params, loss = prototypes.train_epochs(
-      _keyed_loss(features_fn, config, global_protos, global_counts), params,
-      data, key, epochs=config.local_epochs if epochs is None else epochs,
-      batch_size=config.batch_size,
-      optimizer=prototypes.sgd(config.lr, config.momentum))
+  params, loss = local.train(
+      _keyed_loss(features_fn, config, global_protos, global_counts),
+      local.sgd(config.lr, config.momentum), params, data, key,
+      epochs=config.local_epochs if epochs is None else epochs,
+      batch_size=config.batch_size, keyed=True)
   feats, _ = features_fn(params, data["x"], data["mask"])
   protos, counts = prototypes.class_prototypes(
       feats, _labels(data), data["mask"], global_protos.shape[0])
