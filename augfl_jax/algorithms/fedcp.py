@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
+from augfl_jax import evaluation, local, models, tree
 from augfl_jax.algorithms import averaging, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
@@ -339,18 +339,16 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
     y = jnp.where(query["mask"] > 0, query["y"], 0).astype(jnp.int32)
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), y)
-    return (prototypes.masked_correct(jnp.argmax(logits, -1), y,
+    return (models.masked_mean(ce, query["mask"]),
+            evaluation.masked_correct(jnp.argmax(logits, -1), y,
                                       query["mask"]),
-            models.masked_mean(ce, query["mask"]), jnp.sum(query["mask"]))
+            jnp.sum(query["mask"]))
 
   def evaluate(state: FedCPState, clients: ClientData):
     keys = averaging.client_keys(
         jax.random.fold_in(state.key, EVAL_SALT), state.round,
         jnp.arange(clients.num_examples.shape[0]))
-    correct, loss, count = clients_lib.map_clients(
-        lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy)
-    metrics = prototypes.accuracy_metrics(correct, count)
-    metrics["loss"] = jnp.sum(loss * count) / jnp.maximum(jnp.sum(count), 1.0)
-    return metrics
+    return evaluation.summarise(*clients_lib.map_clients(
+        lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy))
 
   return jax.jit(evaluate)

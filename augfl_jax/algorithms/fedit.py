@@ -176,20 +176,10 @@ def make_evaluate(model: nn.Module, config: FedITConfig, *,
       loss, correct = adapter_eval(adapted, client.query)
       return loss, correct, jnp.sum(client.query["mask"])
 
-    return summarise(*clients_lib.map_clients(one_client, clients, strategy))
+    return evaluation.summarise(*clients_lib.map_clients(one_client, clients,
+                                                         strategy))
 
   return jax.jit(evaluate)
-
-
-def summarise(loss: jax.Array, correct: jax.Array, count: jax.Array
-             ) -> dict[str, jax.Array]:
-  """Per-client ``[C]`` loss, correct and count -> the evaluation metrics."""
-  accuracy = correct / jnp.maximum(count, 1.0)
-  total = jnp.maximum(jnp.sum(count), 1.0)
-  return {"accuracy": jnp.sum(correct) / total,
-          "accuracy_std": jnp.std(accuracy),
-          "loss": jnp.sum(loss * count) / total,
-          "client_accuracy": accuracy}
 
 
 def make_evaluate_global(model: nn.Module, config: FedITConfig):

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
+from augfl_jax import evaluation, local, models, tree
 from augfl_jax.algorithms import averaging, fedit
 from augfl_jax.models import lora
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
@@ -279,7 +279,7 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
       loss, correct = scored(personal, c["data"].query)
       return loss, correct, jnp.sum(c["data"].query["mask"])
 
-    return fedit.summarise(*clients_lib.map_clients(
+    return evaluation.summarise(*clients_lib.map_clients(
         one_client, dict(data=clients, key=keys), strategy))
 
   return jax.jit(evaluate)
@@ -318,7 +318,7 @@ def make_evaluate_personal(
     per_client = {"personal": state.personal_adapters}
     if not shared:
       per_client["batch"] = batch
-    return fedit.summarise(*clients_lib.map_clients(one_client, per_client,
-                                                    strategy))
+    return evaluation.summarise(*clients_lib.map_clients(
+        one_client, per_client, strategy))
 
   return jax.jit(evaluate_personal)

@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
+from augfl_jax import evaluation, local, models, tree
 from augfl_jax.algorithms import averaging, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
@@ -298,8 +298,8 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
         z, query["y"], query["mask"], state.global_protos,
         state.global_counts, client_protos, client_valid,
         temperature=config.temperature)
-    return (prototypes.masked_correct(pred, y, query["mask"]),
-            prototypes.masked_correct(pred_global, y, query["mask"]),
+    return (evaluation.masked_correct(pred, y, query["mask"]),
+            evaluation.masked_correct(pred_global, y, query["mask"]),
             loss, jnp.sum(query["mask"]))
 
   def evaluate(state: FedPCLState, clients: ClientData):
@@ -309,10 +309,8 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
         jnp.arange(num))
     correct, correct_global, loss, count = clients_lib.map_clients(
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy)
-    metrics = prototypes.accuracy_metrics(correct, count)
-    metrics.update(prototypes.accuracy_metrics(correct_global, count,
-                                               "_global"))
-    metrics["loss"] = jnp.sum(loss * count) / jnp.maximum(jnp.sum(count), 1.0)
-    return metrics
+    return {**evaluation.summarise(loss, correct, count),
+            **evaluation.summarise(None, correct_global, count,
+                                   suffix="_global")}
 
   return jax.jit(evaluate)

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
+from augfl_jax import evaluation, local, models, tree
 from augfl_jax.algorithms import averaging, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
@@ -241,8 +241,8 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
     pred = prototypes.nearest_prototype(feats, state.global_protos, valid)
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), y)
-    return (prototypes.masked_correct(pred, y, query["mask"]),
-            prototypes.masked_correct(jnp.argmax(logits, -1), y,
+    return (evaluation.masked_correct(pred, y, query["mask"]),
+            evaluation.masked_correct(jnp.argmax(logits, -1), y,
                                       query["mask"]),
             models.masked_mean(ce, query["mask"]),
             jnp.sum(query["mask"]))
@@ -259,9 +259,8 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
     correct, correct_head, loss, count = clients_lib.map_clients(
         lambda c: one_client(state, start, c[0], c[1]), (clients, keys),
         strategy)
-    metrics = prototypes.accuracy_metrics(correct, count)
-    metrics.update(prototypes.accuracy_metrics(correct_head, count, "_head"))
-    metrics["loss"] = jnp.sum(loss * count) / jnp.maximum(jnp.sum(count), 1.0)
-    return metrics
+    return {**evaluation.summarise(loss, correct, count),
+            **evaluation.summarise(None, correct_head, count,
+                                   suffix="_head")}
 
   return jax.jit(evaluate)

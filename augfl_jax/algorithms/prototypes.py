@@ -16,9 +16,9 @@ prototype of class k over the clients that hold it:
   ``"uniform"``: ``Cbar^(k) = mean_{i: n_ik > 0} C_i^(k)`` (the public code of
                  FedProto and FedPCL, ``proto_aggregation``).
 
-Also here: the state of a prototype method and its initialisation,
-nearest-prototype prediction and the evaluation metrics every method
-reports.
+Also here: the state of a prototype method and its initialisation, the
+server side of its round, nearest-prototype prediction and the classifier
+head of a library model (FedProto, FedPCL, FedCP).
 """
 
 from __future__ import annotations
@@ -185,27 +185,6 @@ def nearest_prototype(features: jax.Array, protos: jax.Array,
   dist = jnp.where(valid[None, :], squared_distances(features, protos),
                    jnp.inf)
   return jnp.argmin(dist, axis=-1).astype(jnp.int32)
-
-
-def masked_correct(predictions: jax.Array, labels: jax.Array,
-                   mask: jax.Array) -> jax.Array:
-  """Number of real rows (``mask > 0``) with ``predictions == labels``."""
-  return jnp.sum(jnp.where((mask > 0) & (predictions == labels), 1.0, 0.0))
-
-
-def accuracy_metrics(correct: jax.Array, count: jax.Array,
-                     suffix: str = "") -> dict[str, jax.Array]:
-  """The library's evaluation summary over ``[C]`` clients.
-
-  Returns ``accuracy{suffix}`` (``sum correct / sum count``, i.e. the
-  sample-weighted mean over clients), ``accuracy_std{suffix}`` (std of the
-  per-client accuracies) and ``client_accuracy{suffix}`` (``[C]``).
-  """
-  per_client = correct / jnp.maximum(count, 1.0)
-  return {f"accuracy{suffix}": jnp.sum(correct) / jnp.maximum(
-              jnp.sum(count), 1.0),
-          f"accuracy_std{suffix}": jnp.std(per_client),
-          f"client_accuracy{suffix}": per_client}
 
 
 def head_name(params: Params) -> str:
