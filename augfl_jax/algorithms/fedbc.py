@@ -206,26 +206,20 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
 
   def round_fn(state: FedBCState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(data=select(clients), lam=select(state.lambdas),
-                      gamma=select(state.gammas),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
+    stacked = dict(lam=state.lambdas, gamma=state.gammas)
     if config.start_from == "x":
-      per_client["x"] = select(state.client_params)
+      stacked["x"] = state.client_params
 
     def one_client(c):
       return client_update(loss_fn, config, state.params,
                            c.get("x", state.params), c["lam"], c["gamma"],
                            c["data"], c["key"])
 
-    xs, lams, gammas, losses, sq_dists = clients_lib.map_clients(
-        one_client, per_client, strategy)
-    weights = per_client["data"].num_examples
+    (xs, lams, gammas, losses, sq_dists), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, **stacked))
     params = server_update(xs, lams, weights)
-    metrics = {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-               "client_loss": losses,
+    metrics = {**averaging.loss_metrics(losses, weights),
                "lambda_mean": jnp.mean(lams), "gamma_mean": jnp.mean(gammas),
                "sq_distance": jnp.mean(sq_dists),
                "fallback": (jnp.sum(lams) <= 0).astype(jnp.float32)}

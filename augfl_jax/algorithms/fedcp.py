@@ -281,21 +281,14 @@ def make_round(model: nn.Module, config: FedCPConfig,
 
   def round_fn(state: FedCPState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(head=select(state.personal_heads),
-                      data=select(clients),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
-
     def one_client(c):
       data = local.concat_batches(c["data"].support, c["data"].query)
       return local_update(model, config, state.params, state.cpn, c["head"],
                           data, c["key"])
 
-    extractors, cpns, heads, uploads, losses = clients_lib.map_clients(
-        one_client, per_client, strategy)
-    weights = per_client["data"].num_examples
+    (extractors, cpns, heads, uploads, losses), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, head=state.personal_heads))
     name = prototypes.head_name(state.params)
     params = dict(tree.weighted_mean(extractors, weights))
     params[name] = tree.weighted_mean(uploads, weights)
@@ -303,8 +296,7 @@ def make_round(model: nn.Module, config: FedCPConfig,
         params=params, cpn=tree.weighted_mean(cpns, weights),
         personal_heads=merge(state.personal_heads, heads),
         round=state.round + 1)
-    return new_state, {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-                       "client_loss": losses}
+    return new_state, averaging.loss_metrics(losses, weights)
 
   return jax.jit(round_fn)
 
@@ -345,9 +337,7 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
             jnp.sum(query["mask"]))
 
   def evaluate(state: FedCPState, clients: ClientData):
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, EVAL_SALT), state.round,
-        jnp.arange(clients.num_examples.shape[0]))
+    keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
     return evaluation.summarise(*clients_lib.map_clients(
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy))
 

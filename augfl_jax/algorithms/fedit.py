@@ -30,6 +30,7 @@ from augfl_jax.models import lora
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 
+
 @dataclasses.dataclass(frozen=True)
 class FedITConfig:
   """Hyper-parameters of FedIT.
@@ -125,21 +126,13 @@ def make_round(model: nn.Module, config: FedITConfig,
 
   def round_fn(state: FedITState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, _ = tree.client_subset(participants)
-    per_client = dict(
-        data=select(clients),
-        key=averaging.participant_keys(
-            state.key, state.round, clients.num_clients,
-            participants))
-    adapters, losses = clients_lib.map_clients(
+    (adapters, losses), weights, _ = averaging.run_participants(
         lambda c: local_update(model, config, state.backbone,
                                state.global_adapter, c["data"], c["key"]),
-        per_client, strategy)
-    weights = per_client["data"].num_examples
-    metrics = {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-               "client_loss": losses}
-    return state.replace(global_adapter=tree.weighted_mean(adapters, weights),
-                         round=state.round + 1), metrics
+        state, clients, participants, strategy)
+    return (state.replace(global_adapter=tree.weighted_mean(adapters, weights),
+                          round=state.round + 1),
+            averaging.loss_metrics(losses, weights))
 
   return jax.jit(round_fn)
 

@@ -58,6 +58,7 @@ from augfl_jax.algorithms import averaging, fedit
 from augfl_jax.models import lora
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+
 DISTANCES = ("l2", "squared_l2")
 REDUCTIONS = ("mean", "sum")
 ANCHORS = ("received", "updated")
@@ -227,21 +228,16 @@ def make_round(model: nn.Module, config: FedOAConfig,
 
   def round_fn(state: FedOAState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge_rows = tree.client_subset(participants)
-    per_client = dict(
-        data=select(clients), personal=select(state.personal_adapters),
-        key=averaging.participant_keys(
-            state.key, state.round, clients.num_clients,
-            participants))
-    globals_, personals, g_loss, p_loss = clients_lib.map_clients(
-        lambda c: client_update(model, config, state.backbone,
-                                state.global_adapter, c["personal"],
-                                c["data"], c["key"]),
-        per_client, strategy)
-    w = per_client["data"].num_examples
-    metrics = {"loss": jnp.sum(w * g_loss) / jnp.sum(w),
+    (globals_, personals, g_loss, p_loss), w, merge_rows = (
+        averaging.run_participants(
+            lambda c: client_update(model, config, state.backbone,
+                                    state.global_adapter, c["personal"],
+                                    c["data"], c["key"]),
+            state, clients, participants, strategy,
+            personal=state.personal_adapters))
+    metrics = {**averaging.loss_metrics(g_loss, w),
                "personal_loss": jnp.sum(w * p_loss) / jnp.sum(w),
-               "client_loss": g_loss, "client_personal_loss": p_loss}
+               "client_personal_loss": p_loss}
     return state.replace(
         global_adapter=tree.weighted_mean(globals_, w),
         personal_adapters=merge_rows(state.personal_adapters, personals),
@@ -268,9 +264,7 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
 
   def evaluate(state, clients: ClientData):
     scored = lora.frozen_backbone(eval_fn, state.backbone, config.lora)
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, _EVAL_TAG), state.round,
-        jnp.arange(clients.num_examples.shape[0]))
+    keys = averaging.heldout_keys(state, clients.num_clients, _EVAL_TAG)
 
     def one_client(c):
       personal, _ = train_personal(model, config, state.backbone,

@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, models, tree
+from augfl_jax import evaluation, local, models
 from augfl_jax.algorithms import averaging, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
@@ -238,24 +238,17 @@ def make_round(model: nn.Module, config: FedPCLConfig,
 
   def round_fn(state: FedPCLState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(params=select(state.client_params),
-                      data=select(clients),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
-
     def one_client(c):
       data = encode(encoder_apply,
                     local.concat_batches(c["data"].support, c["data"].query))
       return local_update(project, config, c["params"], data, state,
                           c["key"])
 
-    params, protos, counts, losses = clients_lib.map_clients(
-        one_client, per_client, strategy)
+    (params, protos, counts, losses), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, params=state.client_params))
     return prototypes.server_step(state, merge, params, protos, counts,
-                                  losses, per_client["data"].num_examples,
-                                  config.proto_weighting)
+                                  losses, weights, config.proto_weighting)
 
   return jax.jit(round_fn)
 
@@ -303,10 +296,7 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
             loss, jnp.sum(query["mask"]))
 
   def evaluate(state: FedPCLState, clients: ClientData):
-    num = clients.num_examples.shape[0]
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, EVAL_SALT), state.round,
-        jnp.arange(num))
+    keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
     correct, correct_global, loss, count = clients_lib.map_clients(
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy)
     return {**evaluation.summarise(loss, correct, count),

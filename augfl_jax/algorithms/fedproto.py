@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, models, tree
+from augfl_jax import evaluation, local, models
 from augfl_jax.algorithms import averaging, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
@@ -187,23 +187,16 @@ def make_round(model: nn.Module, config: FedProtoConfig,
 
   def round_fn(state: FedProtoState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(params=select(state.client_params),
-                      data=select(clients),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
-
     def one_client(c):
       data = local.concat_batches(c["data"].support, c["data"].query)
       return local_update(model, config, c["params"], data,
                           state.global_protos, state.global_counts, c["key"])
 
-    params, protos, counts, losses = clients_lib.map_clients(
-        one_client, per_client, strategy)
+    (params, protos, counts, losses), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, params=state.client_params))
     return prototypes.server_step(state, merge, params, protos, counts,
-                                  losses, per_client["data"].num_examples,
-                                  config.proto_weighting)
+                                  losses, weights, config.proto_weighting)
 
   return jax.jit(round_fn)
 
@@ -248,14 +241,11 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
             jnp.sum(query["mask"]))
 
   def evaluate(state: FedProtoState, clients: ClientData):
-    num = clients.num_examples.shape[0]
     if config.new_client_init == "initial":
       start = state.init_params
     else:
       start = jax.tree.map(lambda p: jnp.mean(p, axis=0), state.client_params)
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, EVAL_SALT), state.round,
-        jnp.arange(num))
+    keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
     correct, correct_head, loss, count = clients_lib.map_clients(
         lambda c: one_client(state, start, c[0], c[1]), (clients, keys),
         strategy)

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import tree
+from augfl_jax.algorithms import averaging
 from augfl_jax.types import Params, PRNGKey
 
 WEIGHTINGS = ("count", "uniform")
@@ -164,8 +165,7 @@ def server_step(state: PrototypeState, merge: Callable, params: Params,
       local_protos=local_protos, local_counts=local_counts,
       global_protos=global_protos, global_counts=global_counts,
       round=state.round + 1)
-  return new_state, {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-                     "client_loss": losses}
+  return new_state, averaging.loss_metrics(losses, weights)
 
 
 def squared_distances(features: jax.Array, protos: jax.Array) -> jax.Array:
