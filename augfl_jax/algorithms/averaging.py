@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import tree
+from augfl_jax import models, tree
+from augfl_jax.algorithms import base
 from augfl_jax.types import ClientData, Params, PRNGKey
 
 # local_update(server_params, one_client_data, key) -> (client_params, loss)
@@ -125,3 +127,19 @@ def make_averaging_round(
             loss_metrics(losses, weights))
 
   return jax.jit(round_fn)
+
+
+def averaging_algorithm(name: str, make_round: Callable, model: nn.Module,
+                        config: Any, *, strategy: base.Strategy,
+                        eval_alpha: float, eval_steps: int
+                       ) -> base.FederatedAlgorithm:
+  """A model-averaging method as a ``FederatedAlgorithm``: ``make_round(
+  loss_fn, config, strategy)`` rounds on ``AveragingState``, held-out clients
+  fast-adapt the global model."""
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      name, lambda params, num_clients, key: init_state(params, key),
+      make_round(models.make_loss_fn(model), config, strategy),
+      base.fast_adapt_evaluate(model, strategy, eval_alpha=eval_alpha,
+                               eval_steps=eval_steps),
+      lambda state: state.params)

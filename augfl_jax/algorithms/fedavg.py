@@ -1,17 +1,26 @@
 """FedAvg (McMahan et al., 2017): local SGD epochs, sample-weighted averaging.
 
 A client trains on all of its local data (support and query together) for
-``local_epochs`` epochs of minibatch SGD from the server model.
+``local_epochs`` epochs of minibatch SGD from the server model. Held-out
+clients: fast adaptation of the global model (``augfl_jax.evaluation``).
+
+FedLP is FedAvg started from a client-size model pretrained on the server
+split (the caller passes it as the initial params).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import flax.linen as nn
+
 from augfl_jax import clients as clients_lib
 from augfl_jax import local
-from augfl_jax.algorithms import averaging
+from augfl_jax.algorithms import averaging, base
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
+
+PM_ROLE = "none"
+FEDLP_PM_ROLE = "initialization"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,3 +57,28 @@ def make_round(loss_fn: LossFn, config: FedAvgConfig,
   strategy = clients_lib.as_strategy(strategy)
   return averaging.make_averaging_round(
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
+
+
+def fedavg(model: nn.Module, config: FedAvgConfig, *,
+           strategy: base.Strategy = None, eval_alpha: float = 0.03,
+           eval_steps: int = 1, pm: None = None
+          ) -> base.FederatedAlgorithm:
+  """FedAvg as a ``FederatedAlgorithm`` (``base.AlgorithmSpec.build``)."""
+  base.no_pm("fedavg", pm)
+  return averaging.averaging_algorithm(
+      "fedavg", make_round, model, config, strategy=strategy,
+      eval_alpha=eval_alpha, eval_steps=eval_steps)
+
+
+def fedlp(model: nn.Module, config: FedAvgConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float = 0.03,
+          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedLP: FedAvg whose initial params (the caller's) are pretrained."""
+  base.no_pm("fedlp", pm)
+  return averaging.averaging_algorithm(
+      "fedlp", make_round, model, config, strategy=strategy,
+      eval_alpha=eval_alpha, eval_steps=eval_steps)
+
+
+SPECS = (base.AlgorithmSpec("fedavg", FedAvgConfig, PM_ROLE, fedavg),
+         base.AlgorithmSpec("fedlp", FedAvgConfig, FEDLP_PM_ROLE, fedlp))

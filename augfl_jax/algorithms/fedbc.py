@@ -47,15 +47,17 @@ import dataclasses
 import math
 from typing import Callable
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, tree
-from augfl_jax.algorithms import averaging, fedbc_local
+from augfl_jax import evaluation, local, models, tree
+from augfl_jax.algorithms import averaging, base, fedbc_local
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
 
+PM_ROLE = "none"
 START_FROM = ("z", "x")
 
 
@@ -287,3 +289,38 @@ def make_evaluate_local(loss_fn: LossFn, eval_fn: evaluation.EvalFn, *,
     return out
 
   return evaluate_local
+
+
+def fedbc(model: nn.Module, config: FedBCConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float | None = 0.03,
+          eval_steps: int | None = 1, pm: None = None,
+          personalized: bool = False) -> base.FederatedAlgorithm:
+  """FedBC (or Per-FedBC, ``personalized``) as a ``FederatedAlgorithm``.
+
+  ``eval_alpha`` / ``eval_steps``: as ``make_evaluate`` (None: the method's
+  own).
+  """
+  name = "per_fedbc" if personalized else "fedbc"
+  base.no_pm(name, pm)
+  strategy = clients_lib.as_strategy(strategy)
+  config = dataclasses.replace(config, personalized=personalized)
+  loss_fn = models.make_loss_fn(model)
+  return base.FederatedAlgorithm(
+      name, init_state, make_round(loss_fn, config, strategy),
+      make_evaluate(loss_fn, models.make_eval_fn(model), config,
+                    strategy=strategy, eval_alpha=eval_alpha,
+                    eval_steps=eval_steps),
+      lambda state: state.params)
+
+
+def per_fedbc(model: nn.Module, config: FedBCConfig, *,
+              strategy: base.Strategy = None, eval_alpha: float | None = 0.03,
+              eval_steps: int | None = 1, pm: None = None
+             ) -> base.FederatedAlgorithm:
+  """Per-FedBC: :func:`fedbc` with ``personalized=True``."""
+  return fedbc(model, config, strategy=strategy, eval_alpha=eval_alpha,
+               eval_steps=eval_steps, pm=pm, personalized=True)
+
+
+SPECS = (base.AlgorithmSpec("fedbc", FedBCConfig, PM_ROLE, fedbc),
+         base.AlgorithmSpec("per_fedbc", FedBCConfig, PM_ROLE, per_fedbc))

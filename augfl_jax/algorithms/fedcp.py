@@ -56,9 +56,10 @@ import optax
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
-from augfl_jax.algorithms import averaging, prototypes
+from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "none"
 EVAL_SALT = 0x7FFFFFF2
 CPN_SALT = 0x7FFFFFF3
 MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
@@ -342,3 +343,20 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy))
 
   return jax.jit(evaluate)
+
+
+def fedcp(model: nn.Module, config: FedCPConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float = 0.03,
+          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedCP as a ``FederatedAlgorithm``; held-out clients follow
+  ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused)."""
+  del eval_alpha, eval_steps
+  base.no_pm("fedcp", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedcp", init_state, make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy),
+      lambda state: state.params)
+
+
+SPECS = (base.AlgorithmSpec("fedcp", FedCPConfig, PM_ROLE, fedcp),)

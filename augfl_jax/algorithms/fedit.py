@@ -25,10 +25,11 @@ import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
-from augfl_jax.algorithms import averaging
+from augfl_jax.algorithms import averaging, base
 from augfl_jax.models import lora
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "backbone"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,3 +188,22 @@ def make_evaluate_global(model: nn.Module, config: FedITConfig):
             "loss": loss}
 
   return jax.jit(evaluate_global)
+
+
+def fedit(model: nn.Module, config: FedITConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float = 0.03,
+          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedIT as a ``FederatedAlgorithm``: ``model`` is the PM module and
+  ``init``'s params its weights, the frozen backbone."""
+  base.no_pm("fedit", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedit", lambda params, num_clients, key: init_state(
+          params, num_clients, key, config),
+      make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy, eval_alpha=eval_alpha,
+                    eval_steps=eval_steps),
+      lambda state: global_params(state, config))
+
+
+SPECS = (base.AlgorithmSpec("fedit", FedITConfig, PM_ROLE, fedit),)

@@ -54,10 +54,11 @@ import optax
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
-from augfl_jax.algorithms import averaging, fedit
+from augfl_jax.algorithms import averaging, base, fedit
 from augfl_jax.models import lora
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "backbone"
 
 DISTANCES = ("l2", "squared_l2")
 REDUCTIONS = ("mean", "sum")
@@ -316,3 +317,23 @@ def make_evaluate_personal(
         one_client, per_client, strategy))
 
   return jax.jit(evaluate_personal)
+
+
+def fedoa(model: nn.Module, config: FedOAConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float = 0.03,
+          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedOA as a ``FederatedAlgorithm``: ``model`` is the PM module and
+  ``init``'s params its weights, the frozen backbone; held-out clients
+  follow ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused)."""
+  del eval_alpha, eval_steps
+  base.no_pm("fedoa", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedoa", lambda params, num_clients, key: init_state(
+          params, num_clients, key, config),
+      make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy),
+      lambda state: global_params(state, config))
+
+
+SPECS = (base.AlgorithmSpec("fedoa", FedOAConfig, PM_ROLE, fedoa),)

@@ -60,9 +60,10 @@ import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models
-from augfl_jax.algorithms import averaging, prototypes
+from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "encoder"
 EncoderApply = Callable[[jax.Array, jax.Array], jax.Array]
 EVAL_SALT = 0x7FFFFFF1
 _EXCLUDED = -1e30  # logit of a class left out of a softmax
@@ -304,3 +305,26 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
                                    suffix="_global")}
 
   return jax.jit(evaluate)
+
+
+def fedpcl(model: nn.Module, config: FedPCLConfig, *,
+           strategy: base.Strategy = None, eval_alpha: float = 0.03,
+           eval_steps: int = 1, pm: EncoderApply | None = None
+          ) -> base.FederatedAlgorithm:
+  """FedPCL as a ``FederatedAlgorithm``: ``model`` is the projector, ``pm``
+  the frozen encoder ``(x, mask) -> [n, d_enc]``; held-out clients follow
+  ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused). The projectors
+  stay personal: ``global_params`` is the initial projector."""
+  del eval_alpha, eval_steps
+  if pm is None:
+    raise ValueError("fedpcl needs pm: the frozen pretrained encoder "
+                     "(x, mask) -> features")
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedpcl", init_state,
+      make_round(model, config, strategy, encoder_apply=pm),
+      make_evaluate(model, config, strategy=strategy, encoder_apply=pm),
+      lambda state: state.init_params)
+
+
+SPECS = (base.AlgorithmSpec("fedpcl", FedPCLConfig, PM_ROLE, fedpcl),)

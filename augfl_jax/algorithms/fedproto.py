@@ -52,9 +52,10 @@ import optax
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models
-from augfl_jax.algorithms import averaging, prototypes
+from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "none"
 DISTANCES = ("mse", "squared_l2")
 NEW_CLIENT_INITS = ("initial", "mean")
 EVAL_SALT = 0x7FFFFFF0  # folded into the root key for held-out clients
@@ -254,3 +255,22 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
                                    suffix="_head")}
 
   return jax.jit(evaluate)
+
+
+def fedproto(model: nn.Module, config: FedProtoConfig, *,
+             strategy: base.Strategy = None, eval_alpha: float = 0.03,
+             eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedProto as a ``FederatedAlgorithm``; held-out clients follow
+  ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused). FedProto has
+  no global model: ``global_params`` is the initial one, where every client
+  starts."""
+  del eval_alpha, eval_steps
+  base.no_pm("fedproto", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedproto", init_state, make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy),
+      lambda state: state.init_params)
+
+
+SPECS = (base.AlgorithmSpec("fedproto", FedProtoConfig, PM_ROLE, fedproto),)

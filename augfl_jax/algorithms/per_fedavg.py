@@ -12,12 +12,14 @@ set and D'' from the support set.
   as in the paper) or exactly (``hvp="exact"``).
 
 The server averages the client models with sample weights, as FedAvg does.
+Held-out clients: fast adaptation of the global model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -25,9 +27,10 @@ import optax
 from augfl_jax import clients as clients_lib
 from augfl_jax import hvp as hvp_lib
 from augfl_jax import local
-from augfl_jax.algorithms import averaging
+from augfl_jax.algorithms import averaging, base
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
 
+PM_ROLE = "none"
 VARIANTS = ("fo", "hf")
 
 
@@ -97,3 +100,18 @@ def make_round(loss_fn: LossFn, config: PerFedAvgConfig,
   strategy = clients_lib.as_strategy(strategy)
   return averaging.make_averaging_round(
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
+
+
+def per_fedavg(model: nn.Module, config: PerFedAvgConfig, *,
+               strategy: base.Strategy = None, eval_alpha: float = 0.03,
+               eval_steps: int = 1, pm: None = None
+              ) -> base.FederatedAlgorithm:
+  """Per-FedAvg as a ``FederatedAlgorithm`` (``base.AlgorithmSpec.build``)."""
+  base.no_pm("per_fedavg", pm)
+  return averaging.averaging_algorithm(
+      "per_fedavg", make_round, model, config, strategy=strategy,
+      eval_alpha=eval_alpha, eval_steps=eval_steps)
+
+
+SPECS = (base.AlgorithmSpec("per_fedavg", PerFedAvgConfig, PM_ROLE,
+                            per_fedavg),)
