@@ -90,8 +90,9 @@ def build(name: str, model: nn.Module, config: Any, *,
   if regularizer is not None and spec.pm_role != "regularizer":
     raise ValueError(f"{name} takes no server regulariser")
   if (encoder_apply is None) == (spec.pm_role == "encoder"):
-    raise ValueError(f"{name} {'needs' if encoder_apply is None else 'takes no'}"
-                     " encoder_apply (a frozen pretrained encoder)")
+    need = "needs" if encoder_apply is None else "takes no"
+    raise ValueError(f"{name} {need} encoder_apply (a frozen pretrained "
+                     "encoder)")
   pm = {"regularizer": regularizer, "encoder": encoder_apply}.get(
       spec.pm_role)
   return spec.build(model, config, strategy=strategy, eval_alpha=eval_alpha,

@@ -129,17 +129,26 @@ def make_averaging_round(
   return jax.jit(round_fn)
 
 
-def averaging_algorithm(name: str, make_round: Callable, model: nn.Module,
-                        config: Any, *, strategy: base.Strategy,
-                        eval_alpha: float, eval_steps: int
-                       ) -> base.FederatedAlgorithm:
-  """A model-averaging method as a ``FederatedAlgorithm``: ``make_round(
-  loss_fn, config, strategy)`` rounds on ``AveragingState``, held-out clients
-  fast-adapt the global model."""
-  strategy = clients_lib.as_strategy(strategy)
-  return base.FederatedAlgorithm(
-      name, lambda params, num_clients, key: init_state(params, key),
-      make_round(models.make_loss_fn(model), config, strategy),
-      base.fast_adapt_evaluate(model, strategy, eval_alpha=eval_alpha,
-                               eval_steps=eval_steps),
-      lambda state: state.params)
+def constructor(name: str, make_round: Callable
+               ) -> Callable[..., base.FederatedAlgorithm]:
+  """The ``AlgorithmSpec.build`` of the model-averaging method ``name``.
+
+  ``build(model, config, *, strategy=None, eval_alpha=0.03, eval_steps=1,
+  pm=None)``: rounds ``make_round(loss_fn, config, strategy)`` on
+  ``AveragingState``; held-out clients fast-adapt the global model.
+  """
+
+  def build(model: nn.Module, config: Any, *, strategy: base.Strategy = None,
+            eval_alpha: float = 0.03, eval_steps: int = 1,
+            pm: None = None) -> base.FederatedAlgorithm:
+    base.no_pm(name, pm)
+    strategy = clients_lib.as_strategy(strategy)
+    return base.FederatedAlgorithm(
+        name, lambda params, num_clients, key: init_state(params, key),
+        make_round(models.make_loss_fn(model), config, strategy),
+        base.fast_adapt_evaluate(model, strategy, eval_alpha=eval_alpha,
+                                 eval_steps=eval_steps),
+        lambda state: state.params)
+
+  build.__name__ = build.__qualname__ = name
+  return build

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.linen as nn
-
 from augfl_jax import clients as clients_lib
 from augfl_jax import local
 from augfl_jax.algorithms import averaging, base
@@ -59,25 +57,10 @@ def make_round(loss_fn: LossFn, config: FedAvgConfig,
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
 
 
-def fedavg(model: nn.Module, config: FedAvgConfig, *,
-           strategy: base.Strategy = None, eval_alpha: float = 0.03,
-           eval_steps: int = 1, pm: None = None
-          ) -> base.FederatedAlgorithm:
-  """FedAvg as a ``FederatedAlgorithm`` (``base.AlgorithmSpec.build``)."""
-  base.no_pm("fedavg", pm)
-  return averaging.averaging_algorithm(
-      "fedavg", make_round, model, config, strategy=strategy,
-      eval_alpha=eval_alpha, eval_steps=eval_steps)
-
-
-def fedlp(model: nn.Module, config: FedAvgConfig, *,
-          strategy: base.Strategy = None, eval_alpha: float = 0.03,
-          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
-  """FedLP: FedAvg whose initial params (the caller's) are pretrained."""
-  base.no_pm("fedlp", pm)
-  return averaging.averaging_algorithm(
-      "fedlp", make_round, model, config, strategy=strategy,
-      eval_alpha=eval_alpha, eval_steps=eval_steps)
+# The constructors (``base.AlgorithmSpec.build``): FedLP is FedAvg whose
+# initial params (the caller's) are pretrained.
+fedavg = averaging.constructor("fedavg", make_round)
+fedlp = averaging.constructor("fedlp", make_round)
 
 
 SPECS = (base.AlgorithmSpec("fedavg", FedAvgConfig, PM_ROLE, fedavg),

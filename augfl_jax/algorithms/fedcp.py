@@ -12,7 +12,7 @@ Each client's model is an ensemble of (public code, ``clientcp.py``):
     during local training);
   * the personal head W^hp (same shape; PERSONAL, never leaves the client).
 
-Forward pass of client i on x, with ``r = f(x; W^fe)``:
+Forward pass of client i on x (``fedcp_model``), with ``r = f(x; W^fe)``:
 
   ``v_i = normalize(sum_k W^hp[:, k])``   (the conditional input from the
                                          personal head, PFLlib's ``set_head_g``)
@@ -56,13 +56,12 @@ import optax
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
-from augfl_jax.algorithms import averaging, base, prototypes
+from augfl_jax.algorithms import averaging, base, fedcp_model, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "none"
 EVAL_SALT = 0x7FFFFFF2
 CPN_SALT = 0x7FFFFFF3
-MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,38 +101,6 @@ class FedCPConfig:
       raise ValueError(f"eval_epochs must be >= 0, got {self.eval_epochs}")
 
 
-class ConditionalPolicy(nn.Module):
-  """The CPN: ``Dense(2d) -> LayerNorm -> ReLU -> [n, 2, d] -> softmax``.
-
-  Attributes:
-    dim: the feature width d.
-  """
-
-  dim: int
-
-  @nn.compact
-  def __call__(self, x: jax.Array, noise: jax.Array | None = None,
-               temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """Policies for ``x [n, d]``.
-
-    Args:
-      x: the conditional input ``r * v``.
-      noise: ``[n, 2, d]`` Gumbel noise, or None (plain softmax).
-      temperature: the Gumbel-softmax tau.
-
-    Returns:
-      ``(p, g)``, each ``[n, d]`` in [0, 1], ``p + g = 1``: the personal and
-      global policies.
-    """
-    h = nn.Dense(2 * self.dim, name="fc")(x)
-    h = nn.relu(nn.LayerNorm(epsilon=1e-5, name="norm")(h))
-    h = h.reshape((x.shape[0], 2, self.dim))
-    if noise is not None:
-      h = h + noise
-    policy = jax.nn.softmax(h / temperature, axis=1)
-    return policy[:, 0], policy[:, 1]
-
-
 @flax.struct.dataclass
 class FedCPState:
   """Attributes:
@@ -158,78 +125,12 @@ def init_state(params: Params, num_clients: int,
   code's deep copies); the CPN initialised from ``fold_in(key, CPN_SALT)``."""
   head = params[prototypes.head_name(params)]
   d, _ = prototypes.head_shape(params)
-  cpn = ConditionalPolicy(d).init(jax.random.fold_in(key, CPN_SALT),
-                                  jnp.zeros((1, d)))["params"]
+  cpn = fedcp_model.ConditionalPolicy(d).init(
+      jax.random.fold_in(key, CPN_SALT), jnp.zeros((1, d)))["params"]
   return FedCPState(params=params, cpn=cpn,
                     personal_heads=tree.broadcast_to_clients(head,
                                                              num_clients),
                     key=key, round=jnp.zeros((), jnp.int32))
-
-
-def dense(head: Params, x: jax.Array) -> jax.Array:
-  """A classifier head: ``x @ kernel + bias``."""
-  return x @ head["kernel"] + head["bias"]
-
-
-def context_vector(personal_head: Params) -> jax.Array:
-  """``v = normalize(sum_k W^hp[:, k])`` (``[d]``), no gradient."""
-  v = jnp.sum(jax.lax.stop_gradient(personal_head["kernel"]), axis=1)
-  return v / jnp.maximum(jnp.linalg.norm(v), 1e-12)
-
-
-def split_features(cpn_params: Params, features: jax.Array,
-                   context: jax.Array, noise: jax.Array | None = None,
-                   temperature: float = 1.0):
-  """``(r_p, r_g, p, g)`` for features ``r [n, d]``: ``r_p = r * p`` and
-  ``r_g = r * g`` with ``(p, g) = CPN(r * v)``, so ``r_p + r_g = r``."""
-  p, g = ConditionalPolicy(features.shape[-1]).apply(
-      {"params": cpn_params}, features * context[None, :], noise,
-      temperature)
-  return features * p, features * g, p, g
-
-
-def gumbel_noise(key: PRNGKey, shape: tuple[int, ...]) -> jax.Array:
-  """Standard Gumbel samples ``-log(-log U)``."""
-  return jax.random.gumbel(key, shape)
-
-
-def mmd(x: jax.Array, y: jax.Array, mask: jax.Array,
-        bandwidths=MMD_BANDWIDTHS) -> jax.Array:
-  """RBF-kernel MMD^2 of the code over the real rows (``mask > 0``).
-
-  ``mean_{j,l real} [k(x_j, x_l) + k(y_j, y_l) - 2 k(x_j, y_l)]`` with
-  ``k(a, b) = sum_s exp(-||a - b||^2 / (2 s))`` over the bandwidths s.
-  """
-  real = (mask > 0)[:, None]
-  x, y = jnp.where(real, x, 0.0), jnp.where(real, y, 0.0)
-
-  def kernel(a, b):
-    d2 = (jnp.sum(a * a, 1)[:, None] + jnp.sum(b * b, 1)[None, :]
-          - 2.0 * a @ b.T)
-    return sum(jnp.exp(-0.5 * d2 / s) for s in bandwidths)
-
-  pair = (real & real.T).astype(x.dtype)
-  total = kernel(x, x) + kernel(y, y) - 2.0 * kernel(x, y)
-  return jnp.sum(pair * total) / jnp.maximum(jnp.sum(pair), 1.0)
-
-
-def _split(params: Params):
-  name = prototypes.head_name(params)
-  return name, {k: v for k, v in params.items() if k != name}, params[name]
-
-
-def ensemble_logits(model: nn.Module, config: FedCPConfig, extractor: Params,
-                    cpn: Params, personal_head: Params, global_head: Params,
-                    context: jax.Array, x: jax.Array, mask: jax.Array,
-                    noise: jax.Array | None, head_key: str):
-  """``(logits, features)`` of a client's ensemble (module docstring)."""
-  rep, _ = model.apply({"params": {**extractor, head_key: global_head}}, x,
-                       mask=mask)
-  rep_p, rep_g, _, _ = split_features(cpn, rep, context, noise,
-                                      config.gumbel_temperature)
-  logits = (dense(personal_head, rep_p) +
-            dense(jax.lax.stop_gradient(global_head), rep_g))
-  return logits, rep
 
 
 def local_update(model: nn.Module, config: FedCPConfig, params: Params,
@@ -241,23 +142,25 @@ def local_update(model: nn.Module, config: FedCPConfig, params: Params,
     ``(extractor, cpn, personal_head, upload_head, mean loss)``; the
     extractor without the classifier entry.
   """
-  name, extractor, global_head = _split(params)
-  context = context_vector(personal_head)
+  name, extractor, global_head = fedcp_model.split_head(params)
+  context = fedcp_model.context_vector(personal_head)
   d = global_head["kernel"].shape[0]
 
   def loss_fn(trainable, batch, step_key):
     x, mask = batch["x"], batch["mask"]
-    noise = gumbel_noise(step_key, (x.shape[0], 2, d))
-    logits, rep = ensemble_logits(
-        model, config, trainable["extractor"], trainable["cpn"],
-        trainable["head"], global_head, context, x, mask, noise, name)
+    noise = fedcp_model.gumbel_noise(step_key, (x.shape[0], 2, d))
+    logits, rep = fedcp_model.ensemble_logits(
+        model, trainable["extractor"], trainable["cpn"], trainable["head"],
+        global_head, context, x, mask, noise, name,
+        config.gumbel_temperature)
     y = jnp.where(mask > 0, batch["y"], 0).astype(jnp.int32)
     ce = models.masked_mean(optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), y), mask)
     if config.lam == 0:
       return ce
     base, _ = model.apply({"params": params}, x, mask=mask)
-    return ce + config.lam * mmd(rep, jax.lax.stop_gradient(base), mask)
+    return ce + config.lam * fedcp_model.mmd(
+        rep, jax.lax.stop_gradient(base), mask)
 
   trainable = {"extractor": extractor, "cpn": cpn, "head": personal_head}
   trainable, loss = local.train(
@@ -315,7 +218,7 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
             else config.eval_epochs)
 
   def one_client(state: FedCPState, client: ClientData, key: PRNGKey):
-    name, extractor, global_head = _split(state.params)
+    name, extractor, global_head = fedcp_model.split_head(state.params)
     train_key, noise_key = jax.random.split(key)
     cpn, head = state.cpn, global_head
     if epochs > 0:
@@ -324,11 +227,12 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
           client.support, train_key, epochs=epochs)
     query = client.query
     n, d = query["mask"].shape[0], global_head["kernel"].shape[0]
-    noise = (gumbel_noise(noise_key, (n, 2, d)) if config.eval_noise
-             else None)
-    logits, _ = ensemble_logits(model, config, extractor, cpn, head,
-                                global_head, context_vector(head),
-                                query["x"], query["mask"], noise, name)
+    noise = (fedcp_model.gumbel_noise(noise_key, (n, 2, d))
+             if config.eval_noise else None)
+    logits, _ = fedcp_model.ensemble_logits(
+        model, extractor, cpn, head, global_head,
+        fedcp_model.context_vector(head), query["x"], query["mask"], noise,
+        name, config.gumbel_temperature)
     y = jnp.where(query["mask"] > 0, query["y"], 0).astype(jnp.int32)
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), y)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -102,15 +101,7 @@ def make_round(loss_fn: LossFn, config: PerFedAvgConfig,
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
 
 
-def per_fedavg(model: nn.Module, config: PerFedAvgConfig, *,
-               strategy: base.Strategy = None, eval_alpha: float = 0.03,
-               eval_steps: int = 1, pm: None = None
-              ) -> base.FederatedAlgorithm:
-  """Per-FedAvg as a ``FederatedAlgorithm`` (``base.AlgorithmSpec.build``)."""
-  base.no_pm("per_fedavg", pm)
-  return averaging.averaging_algorithm(
-      "per_fedavg", make_round, model, config, strategy=strategy,
-      eval_alpha=eval_alpha, eval_steps=eval_steps)
+per_fedavg = averaging.constructor("per_fedavg", make_round)
 
 
 SPECS = (base.AlgorithmSpec("per_fedavg", PerFedAvgConfig, PM_ROLE,
