@@ -6,11 +6,14 @@ The public API, by module:
   ``AugFLConfig``, ``AugFLState`` (Eqs. (7), (10)-(13)).
 * ``hvp``: finite-difference and exact Hessian-vector products.
 * ``clients``: how the client axis runs (``map_clients``, strategies).
-* ``evaluation``: fast adaptation on held-out clients.
-* ``algorithms``: the baselines under one interface (``algorithms.build``).
+* ``evaluation``: fast adaptation on held-out clients; ``summarise``, the
+  accuracy summary of every evaluator.
+* ``algorithms``: every method under one interface (``algorithms.REGISTRY``
+  of ``AlgorithmSpec``: config class, PM role, constructor; ``build``).
 * ``models``: Flax models returning ``(features, logits)``.
 * ``data``: datasets, partitions and padded client arrays.
-* ``local``, ``tree``, ``types``: local SGD, pytree helpers, type aliases.
+* ``local``, ``tree``, ``types``: local training (one minibatch loop on
+  optax), pytree helpers, type aliases.
 """
 
 from augfl_jax import algorithms

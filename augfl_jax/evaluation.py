@@ -2,7 +2,8 @@
 
 A test client, never trained on, starts from the global model, takes ``steps``
 full-batch SGD steps of size ``alpha`` on its support set, and is scored on
-its query set. Reported over test clients: the sample-weighted mean accuracy
+its query set. Reported over test clients (``summarise``, the one summary
+every evaluator of the library uses): the sample-weighted mean accuracy
 (``sum_i correct_i / sum_i |D_i^q|``) and the standard deviation of the
 per-client accuracies.
 
@@ -72,11 +73,42 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
       fn, per_client = (lambda c: one_client(c[0], c[1])), (params, clients)
     else:
       fn, per_client = (lambda c: one_client(params, c)), clients
-    loss, correct, count = clients_lib.map_clients(fn, per_client, strategy)
-    accuracy = correct / jnp.maximum(count, 1.0)
-    return {"accuracy": jnp.sum(correct) / jnp.sum(count),
-            "accuracy_std": jnp.std(accuracy),
-            "loss": jnp.sum(loss * count) / jnp.sum(count),
-            "client_accuracy": accuracy}
+    return summarise(*clients_lib.map_clients(fn, per_client, strategy))
 
   return jax.jit(evaluate)
+
+
+def summarise(loss: jax.Array | None, correct: jax.Array, count: jax.Array,
+              *, suffix: str = "") -> dict[str, jax.Array]:
+  """Per-client results -> the evaluation metrics every evaluator reports.
+
+  Args:
+    loss: ``[C]`` each client's mean loss (None: no ``loss`` metric).
+    correct: ``[C]`` correct predictions per client.
+    count: ``[C]`` examples scored per client (real query rows).
+    suffix: appended to every metric name (e.g. ``"_head"``).
+
+  Returns:
+    ``accuracy = sum_i correct_i / sum_i count_i`` (the sample-weighted
+    mean), ``accuracy_std`` (std over clients of ``correct_i / count_i``),
+    ``loss = sum_i count_i loss_i / sum_i count_i`` and ``client_accuracy``
+    (``[C]``). Zero counts: every division is by ``max(count, 1)``, so a
+    client (or a set of clients) with nothing to score has accuracy and
+    loss 0, never NaN.
+  """
+  safe = lambda n: jnp.maximum(n, 1.0)
+  accuracy = correct / safe(count)
+  total = safe(jnp.sum(count))
+  metrics = {"accuracy": jnp.sum(correct) / total,
+             "accuracy_std": jnp.std(accuracy),
+             "client_accuracy": accuracy}
+  if loss is not None:
+    metrics["loss"] = jnp.sum(loss * count) / total
+  return {name + suffix: value for name, value in metrics.items()}
+
+
+def masked_correct(predictions: jax.Array, labels: jax.Array,
+                   mask: jax.Array) -> jax.Array:
+  """Number of real rows (``mask > 0``) with ``predictions == labels``
+  (``[n]`` each; float32 scalar)."""
+  return jnp.sum(jnp.where((mask > 0) & (predictions == labels), 1.0, 0.0))

@@ -1,4 +1,5 @@
-"""Local training on one client's padded data: minibatches and SGD epochs.
+"""Local training on one client's padded data: minibatches and the one
+minibatch-epoch loop of the library (``train``, any optax optimizer).
 
 A client's data is a ``Batch`` of ``[n, ...]`` leaves of which ``mask.sum()``
 rows are real. Minibatches are drawn from the real rows only: a permutation
@@ -11,11 +12,13 @@ while keeping every shape static.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.types import Batch, LossFn, Params, PRNGKey
+from augfl_jax.types import Batch, Params, PRNGKey
 
 
 def concat_batches(a: Batch, b: Batch) -> Batch:
@@ -59,28 +62,86 @@ def epoch_batches(key: PRNGKey, batch: Batch, batch_size: int) -> Batch:
       shuffled)
 
 
-def sgd_epochs(loss_fn: LossFn, params: Params, batch: Batch, key: PRNGKey, *,
-               epochs: int, batch_size: int, lr: float | jax.Array
-              ) -> tuple[Params, jax.Array]:
-  """``epochs`` epochs of plain minibatch SGD on one client's data.
+def sgd(lr: float, momentum: float = 0.0) -> optax.GradientTransformation:
+  """``torch.optim.SGD(lr, momentum)`` (no dampening, no Nesterov):
+  ``optax.sgd(lr)`` for ``momentum == 0`` (no buffer), else
+  ``optax.sgd(lr, momentum)``: ``buf <- momentum buf + g; w <- w - lr buf``."""
+  return optax.sgd(lr, momentum=momentum if momentum > 0 else None)
+
+
+def step(loss_fn: Callable[..., tuple[jax.Array, Any]],
+         tx: optax.GradientTransformation, params: Params,
+         opt_state: optax.OptState, batch: Batch, *args: Any
+        ) -> tuple[Params, optax.OptState, Any]:
+  """One step of ``tx`` on ``loss_fn(params, batch, *args) -> (objective,
+  aux)``: ``g = grad objective``, ``(u, opt_state) = tx.update(g, opt_state,
+  params)``, ``params + u``.
 
   Returns:
-    ``(params, mean_loss)``, the loss averaged over the real examples seen.
+    ``(params, opt_state, aux)``.
+  """
+  (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      params, batch, *args)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, aux
+
+
+def train(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
+          params: Params, data: Batch, key: PRNGKey, *, epochs: int,
+          batch_size: int, has_aux: bool = False, keyed: bool = False
+         ) -> tuple[Params, jax.Array]:
+  """``epochs`` shuffled minibatch epochs of ``tx`` on one client's data.
+
+  Each epoch is :func:`epoch_batches` (``ceil(n / B)`` static steps, real
+  rows first, no ``drop_last``); a minibatch without a real example leaves
+  the parameters AND the optimizer state as they are (so momentum never
+  moves the model on padding). The optimizer state starts fresh, as a
+  ``torch.optim`` optimizer built for the round.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch) -> scalar`` masked mean on a
+      ``[B, ...]`` minibatch; ``keyed``: ``loss_fn(params, batch, key)``
+      with a fresh key per step; ``has_aux``: returns ``(objective,
+      reported)``, the objective differentiated and the reported loss
+      averaged (e.g. FedBC's Lagrangian and its task loss).
+    tx: the optimizer, e.g. :func:`sgd`.
+    params: the starting parameters.
+    data: the client's ``Batch`` (``[n, ...]`` leaves).
+    key: one key per epoch is split from it; the epoch's key shuffles, or
+      with ``keyed`` is split into a shuffle key and the steps' keys.
+    epochs, batch_size: E and B.
+
+  Returns:
+    ``(params, mean_loss)``, the reported loss averaged over the real
+    examples seen.
   """
 
-  def step(carry, minibatch):
-    params, loss_sum, count = carry
-    loss, grads = jax.value_and_grad(loss_fn)(params, minibatch)
-    params = optax.tree.add_scale(params, -lr, grads)
+  def objective(p, batch, step_key):
+    out = loss_fn(p, batch, step_key) if keyed else loss_fn(p, batch)
+    return out if has_aux else (out, out)
+
+  def one_step(carry, inputs):
+    params, opt_state, loss_sum, count = carry
+    minibatch, step_key = inputs
+    new_params, new_opt_state, loss = step(objective, tx, params, opt_state,
+                                           minibatch, step_key)
     real = jnp.sum(minibatch["mask"])
-    return (params, loss_sum + loss * real, count + real), None
+    keep = lambda new, old: jax.tree.map(
+        lambda a, b: jnp.where(real > 0, a, b), new, old)
+    return (keep(new_params, params), keep(new_opt_state, opt_state),
+            loss_sum + loss * real, count + real), None
 
   def epoch(carry, epoch_key):
-    carry, _ = jax.lax.scan(step, carry,
-                            epoch_batches(epoch_key, batch, batch_size))
+    if keyed:
+      shuffle_key, steps_key = jax.random.split(epoch_key)
+      batches = epoch_batches(shuffle_key, data, batch_size)
+      step_keys = jax.random.split(steps_key, batches["mask"].shape[0])
+    else:
+      batches, step_keys = epoch_batches(epoch_key, data, batch_size), None
+    carry, _ = jax.lax.scan(one_step, carry, (batches, step_keys))
     return carry, None
 
-  init = (params, jnp.zeros(()), jnp.zeros(()))
-  (params, loss_sum, count), _ = jax.lax.scan(
+  init = (params, tx.init(params), jnp.zeros(()), jnp.zeros(()))
+  (params, _, loss_sum, count), _ = jax.lax.scan(
       epoch, init, jax.random.split(key, epochs))
   return params, loss_sum / jnp.maximum(count, 1.0)

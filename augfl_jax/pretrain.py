@@ -167,8 +167,9 @@ def _jitted(model: nn.Module, config: PretrainConfig, steps_per_epoch: int,
   """``(init, shuffle, train_step, evaluate)``, jitted once per model and
   recipe.
 
-  One optimizer step per call (not a scan over the epoch), so that a slow
-  model reports progress within an epoch; a step also returns its loss
+  One optimizer step per call (``local.step``, the step of the clients'
+  ``local.train``; not a scan over the epoch), so that a slow model reports
+  progress within an epoch; a step also returns its loss
   sum, not donated, for the caller to wait on (one step in flight: the
   dispatch of the next step is microseconds against a step's work). Cached so that pretraining twice
   with the same model, hyper-parameters and shapes (tests, sweeps over
@@ -193,11 +194,9 @@ def _jitted(model: nn.Module, config: PretrainConfig, steps_per_epoch: int,
   @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
   def train_step(params, opt_state, sums, batches, index):
     minibatch = jax.tree.map(lambda b: b[index], batches)
-    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, minibatch)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state, sums + stats,
-            stats[0])
+    params, opt_state, stats = local.step(loss_fn, optimizer, params,
+                                          opt_state, minibatch)
+    return params, opt_state, sums + stats, stats[0]
 
   @jax.jit
   def evaluate(params, chunks):

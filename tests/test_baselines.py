@@ -148,3 +148,25 @@ def test_evaluation_with_one_model_per_client():
     c = tree.take(clients, i)
     expected = _tiny_eval(models[i], c.query)[1] / c.query["mask"].sum()
     np.testing.assert_allclose(got["client_accuracy"][i], expected, atol=1e-6)
+
+
+def test_summarise_weights_by_samples_and_guards_zero_counts():
+  loss = jnp.array([0.5, 7.0, 1.0])
+  correct = jnp.array([3.0, 0.0, 1.0])
+  count = jnp.array([4.0, 0.0, 2.0])  # client 1 has nothing to score
+  got = evaluation.summarise(loss, correct, count)
+  np.testing.assert_allclose(got["client_accuracy"], [0.75, 0.0, 0.5])
+  np.testing.assert_allclose(got["accuracy"], 4.0 / 6.0, rtol=1e-6)
+  np.testing.assert_allclose(got["accuracy_std"], np.std([0.75, 0.0, 0.5]),
+                             rtol=1e-6)
+  np.testing.assert_allclose(got["loss"], (4 * 0.5 + 2 * 1.0) / 6.0,
+                             rtol=1e-6)
+  # No example at all: zeros, not NaN; no loss asked, none reported.
+  empty = evaluation.summarise(None, jnp.zeros(2), jnp.zeros(2),
+                               suffix="_head")
+  assert set(empty) == {"accuracy_head", "accuracy_std_head",
+                        "client_accuracy_head"}
+  for value in empty.values():
+    np.testing.assert_array_equal(value, 0.0)
+  assert float(evaluation.summarise(jnp.ones(2), jnp.zeros(2),
+                                    jnp.zeros(2))["loss"]) == 0.0

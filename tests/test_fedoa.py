@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from augfl_jax import models, tree
-from augfl_jax.algorithms import fedit, fedoa
+from augfl_jax.algorithms import fedit, fedoa, fedoa_personal
 from augfl_jax.data import rotated
 from augfl_jax.data.sources import Dataset
 from tests import tiny
@@ -170,7 +170,7 @@ def test_feature_distance_against_numpy(distance, reduction):
   mask = np.array([1, 1, 1, 1, 0, 0], np.float32)
   hp[5] = np.nan  # padding must not matter
   config = fedoa.FedOAConfig(distance=distance, reduction=reduction)
-  got = fedoa.feature_distance(jnp.asarray(hp), jnp.asarray(hg),
+  got = fedoa_personal.feature_distance(jnp.asarray(hp), jnp.asarray(hg),
                                jnp.asarray(mask), config)
   d = np.linalg.norm(hp[:4] - hg[:4], axis=1)
   d = d ** 2 if distance == "squared_l2" else d
@@ -188,7 +188,7 @@ def test_fedoa_gradient_reaches_only_the_personal_adapter():
   batch = tiny.batch(np.random.default_rng(1), 7, pad=3)
 
   def objective(personal, anchor, backbone):
-    return fedoa.personal_objective(MODEL, config, backbone, anchor)(
+    return fedoa_personal.personal_objective(MODEL, config, backbone, anchor)(
         personal, batch)
 
   g_p, g_a, g_b = jax.jit(jax.grad(objective, argnums=(0, 1, 2)))(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from augfl_jax import models
-from augfl_jax.algorithms import fedpcl
+from augfl_jax.algorithms import fedpcl, fedpcl_contrastive
 from tests.test_fedproto import D, K, no_key, separable_clients
 
 
@@ -35,7 +35,7 @@ def test_padded_client_prototypes_fill_missing_classes_from_global():
   counts = np.array([[2, 0, 0], [0, 0, 0]], np.float32)  # client 1: none
   glob = np.array([[9, 9], [8, 8], [0, 0]], np.float32)
   gcounts = np.array([2, 5, 0], np.float32)  # class 2: no prototype
-  protos, valid = fedpcl.padded_client_prototypes(
+  protos, valid = fedpcl_contrastive.padded_client_prototypes(
       jnp.asarray(local), jnp.asarray(counts), jnp.asarray(glob),
       jnp.asarray(gcounts))
   np.testing.assert_array_equal(protos[0, 0], local[0, 0])
@@ -64,7 +64,7 @@ def test_contrastive_loss_by_hand():
   l_g = np.mean([ce(z[j], labels[j], glob, gcounts > 0) for j in rows])
   l_p = np.mean([np.mean([ce(z[j], labels[j], client[m], valid[m])
                           for j in rows]) for m in range(2)])
-  loss, parts = jax.jit(fedpcl.contrastive_loss,
+  loss, parts = jax.jit(fedpcl_contrastive.contrastive_loss,
                         static_argnames="temperature")(
       jnp.asarray(z, jnp.float32), jnp.asarray(labels), jnp.asarray(mask),
       jnp.asarray(glob, jnp.float32), jnp.asarray(gcounts, jnp.float32),
@@ -78,7 +78,7 @@ def test_contrastive_loss_is_zero_without_prototypes():
   z = jnp.asarray(_unit([[1.0, 0.0], [0.0, 1.0]]), jnp.float32)
   zeros = jnp.zeros((3, 2))
   value, grad = jax.jit(jax.value_and_grad(
-      lambda z: fedpcl.contrastive_loss(
+      lambda z: fedpcl_contrastive.contrastive_loss(
           z, jnp.array([0, 1]), jnp.ones(2), zeros, jnp.zeros(3),
           zeros[None], jnp.zeros((1, 3), bool), temperature=0.07)[0]))(z)
   assert float(value) == 0.0 and np.all(np.asarray(grad) == 0.0)

@@ -131,34 +131,6 @@ def test_fedproto_objective_by_hand(distance):
   np.testing.assert_allclose(loss, np.mean(ce) + lam * reg, rtol=1e-6)
 
 
-def test_train_epochs_momentum_ignores_all_padding_minibatches():
-  """Full-batch SGD with momentum against a hand-written loop; the extra
-  all-padding minibatches must not move the parameters."""
-  rng = np.random.default_rng(2)
-  x = rng.normal(size=(8, 3)).astype(np.float32)
-  t = rng.normal(size=(8,)).astype(np.float32)
-  mask = np.r_[np.ones(5), np.zeros(3)].astype(np.float32)
-  data = {"x": jnp.asarray(x), "y": jnp.asarray(t), "mask": jnp.asarray(mask)}
-
-  def loss_fn(w, batch, key):
-    del key
-    r = batch["x"] @ w - batch["y"]
-    return models.masked_mean(r * r, batch["mask"])
-
-  w0 = jnp.asarray(rng.normal(size=(3,)).astype(np.float32))
-  # batch_size 5 > real rows per epoch: 1 real step + 1 padding step.
-  got, _ = jax.jit(lambda w, d, k: prototypes.train_epochs(
-      loss_fn, w, d, k, epochs=3, batch_size=5,
-      optimizer=prototypes.sgd(0.1, 0.5)))(w0, data, jax.random.key(0))
-  w, buf = np.asarray(w0), np.zeros(3)
-  xr, tr = x[:5], t[:5]
-  for _ in range(3):
-    grad = 2 * xr.T @ (xr @ w - tr) / 5
-    buf = 0.5 * buf + grad
-    w = w - 0.1 * buf
-  np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
-
-
 def no_key(state):
   """``state`` with its PRNG key as raw data (comparable with chex)."""
   return state.replace(key=jax.random.key_data(state.key))

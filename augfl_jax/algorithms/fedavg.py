@@ -1,7 +1,11 @@
 """FedAvg (McMahan et al., 2017): local SGD epochs, sample-weighted averaging.
 
 A client trains on all of its local data (support and query together) for
-``local_epochs`` epochs of minibatch SGD from the server model.
+``local_epochs`` epochs of minibatch SGD from the server model. Held-out
+clients: fast adaptation of the global model (``augfl_jax.evaluation``).
+
+FedLP is FedAvg started from a client-size model pretrained on the server
+split (the caller passes it as the initial params).
 """
 
 from __future__ import annotations
@@ -10,8 +14,11 @@ import dataclasses
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import local
-from augfl_jax.algorithms import averaging
+from augfl_jax.algorithms import averaging, base
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
+
+PM_ROLE = "none"
+FEDLP_PM_ROLE = "initialization"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +42,8 @@ def local_update(loss_fn: LossFn, config: FedAvgConfig, params: Params,
                  client: ClientData, key: PRNGKey):
   """One client's E epochs of SGD on D_i = D_i^s ∪ D_i^q; returns (params, loss)."""
   data = local.concat_batches(client.support, client.query)
-  return local.sgd_epochs(loss_fn, params, data, key,
-                          epochs=config.local_epochs,
-                          batch_size=config.batch_size, lr=config.lr)
+  return local.train(loss_fn, local.sgd(config.lr), params, data, key,
+                     epochs=config.local_epochs, batch_size=config.batch_size)
 
 
 init_state = averaging.init_state
@@ -49,3 +55,13 @@ def make_round(loss_fn: LossFn, config: FedAvgConfig,
   strategy = clients_lib.as_strategy(strategy)
   return averaging.make_averaging_round(
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
+
+
+# The constructors (``base.AlgorithmSpec.build``): FedLP is FedAvg whose
+# initial params (the caller's) are pretrained.
+fedavg = averaging.constructor("fedavg", make_round)
+fedlp = averaging.constructor("fedlp", make_round)
+
+
+SPECS = (base.AlgorithmSpec("fedavg", FedAvgConfig, PM_ROLE, fedavg),
+         base.AlgorithmSpec("fedlp", FedAvgConfig, FEDLP_PM_ROLE, fedlp))

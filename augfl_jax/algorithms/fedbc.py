@@ -24,24 +24,11 @@ public code's, both agree):
    sample-weighted mean of the ``x_j^{t+1}`` (the public code divides by zero).
 Clients outside ``S_t`` keep ``x_k, lambda_k, gamma_k`` (Algorithm 1 line 10).
 
-Local training (public code ``LocalUpdate.train``): ``local_epochs`` epochs of
-minibatch SGD (``batch_size``, optional heavy-ball ``momentum`` as
-``torch.optim.SGD``, 0.5 in the public code, 0 by default here so FedBC with
-constant lambda is exactly FedProx) on D_i = D_i^s ∪ D_i^q. The dual step is
-plain projected SGD (the public code's dual momentum is left out: with it a
-non-sampled client's lambda keeps moving). ``lambda_max = inf`` reproduces the
-public code, which only clamps at 0.
-
-Per-FedBC (``personalized=True``, Algorithm 3, App. D.4, public code
-``train_MAML``): first-order MAML on the Lagrangian. Each outer step draws
-``inner_steps + 1`` minibatches; J inner steps
-``w_{j+1} = w_j - alpha (grad f(w_j) + 2 lambda^t (w_j - z^t))``, then
-``w <- w - beta grad f(w_J)`` (no penalty in the outer gradient, no
-second-order term). A client makes ``local_epochs * ceil(|D_i| / batch_size)``
-outer steps, as the public code does (static shapes: the padded maximum, the
-surplus steps are no-ops). Dual update and aggregation are FedBC's. Minibatches
-are drawn independently per step (``augfl_jax.local.sample_batch``) instead of
-from a cycling DataLoader.
+Local training on the Lagrangian (FedBC: minibatch SGD, Algorithm 2;
+Per-FedBC, ``personalized=True``: first-order MAML, Algorithm 3):
+``fedbc_local``. The dual step is plain projected SGD (the public code's dual
+momentum is left out: with it a non-sampled client's lambda keeps moving).
+``lambda_max = inf`` reproduces the public code, which only clamps at 0.
 
 Evaluation. Held-out clients (``make_evaluate``): a new client has
 ``lambda = gamma = 0``, so its personal model is ``z`` adapted on its support
@@ -60,18 +47,18 @@ import dataclasses
 import math
 from typing import Callable
 
+import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
-import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation
-from augfl_jax import local, tree
+from augfl_jax import evaluation, local, models, tree
+from augfl_jax.algorithms import averaging, base, fedbc_local
 from augfl_jax.fields import field
-from augfl_jax.algorithms import averaging
-from augfl_jax.types import Batch, ClientData, LossFn, Params, PRNGKey
+from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
 
+PM_ROLE = "none"
 START_FROM = ("z", "x")
 
 
@@ -160,112 +147,6 @@ def init_state(params: Params, num_clients: int, key: PRNGKey) -> FedBCState:
       key=key, round=jnp.zeros((), jnp.int32))
 
 
-def squared_distance(a: Params, b: Params) -> jax.Array:
-  """``||a - b||^2`` summed over every leaf (scalar)."""
-  return sum(jnp.sum(jnp.square(x - y))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
-def lagrangian(loss_fn: LossFn, w: Params, batch: Batch, z: Params,
-               lam: jax.Array, gamma: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``(L_i(z, w, lam), f_i(w))``: Eq. (8)'s client term on ``batch``."""
-  f = loss_fn(w, batch)
-  return f + lam * (squared_distance(w, z) - gamma), f
-
-
-def _keep_if(cond: jax.Array, new: Params, old: Params) -> Params:
-  return jax.tree.map(lambda n, o: jnp.where(cond, n, o), new, old)
-
-
-def lagrangian_sgd(loss_fn: LossFn, w: Params, data: Batch, key: PRNGKey, *,
-                   z: Params, lam: jax.Array, gamma: jax.Array,
-                   config: FedBCConfig) -> tuple[Params, jax.Array]:
-  """Algorithm 2 with SGD: E epochs of minibatch SGD on ``L_i(z, ., lam)``.
-
-  ``w <- w - lr (g + 2 lam (w - z))`` per minibatch (with momentum
-  ``buf <- m buf + grad; w <- w - lr buf`` when ``config.momentum > 0``).
-  Minibatches without a real example change nothing (the penalty would
-  otherwise act on them).
-
-  Returns:
-    ``(w, mean task loss f_i)`` over the real examples seen.
-  """
-  grad_fn = jax.value_and_grad(
-      lambda p, b: lagrangian(loss_fn, p, b, z, lam, gamma), has_aux=True)
-
-  def step(carry, minibatch):
-    w, buf, loss_sum, count = carry
-    (_, f), grads = grad_fn(w, minibatch)
-    new_buf = optax.tree.add_scale(grads, config.momentum, buf)
-    real = jnp.sum(minibatch["mask"])
-    w = _keep_if(real > 0, optax.tree.add_scale(w, -config.lr, new_buf), w)
-    buf = _keep_if(real > 0, new_buf, buf)
-    return (w, buf, loss_sum + f * real, count + real), None
-
-  def epoch(carry, epoch_key):
-    carry, _ = jax.lax.scan(
-        step, carry, local.epoch_batches(epoch_key, data, config.batch_size))
-    return carry, None
-
-  init = (w, optax.tree.zeros_like(w), jnp.zeros(()), jnp.zeros(()))
-  (w, _, loss_sum, count), _ = jax.lax.scan(
-      epoch, init, jax.random.split(key, config.local_epochs))
-  return w, loss_sum / jnp.maximum(count, 1.0)
-
-
-def per_fedbc_step(loss_fn: LossFn, w: Params, batches: Batch, *, z: Params,
-                   lam: jax.Array, gamma: jax.Array, config: FedBCConfig
-                  ) -> tuple[Params, jax.Array]:
-  """One outer step of Algorithm 3 (lines 7-11), first order.
-
-  Args:
-    batches: ``inner_steps + 1`` minibatches stacked (leaves ``[J + 1, B,
-      ...]``): J for the inner steps, the last for the outer gradient.
-
-  Returns:
-    ``(w - beta grad f(w_J, D_J), f(w_J, D_J))`` with
-    ``w_{j+1} = w_j - alpha grad_w L_i(z, w_j, lam)`` on minibatch j.
-  """
-  inner = jax.tree.map(lambda leaf: leaf[:-1], batches)
-  outer = jax.tree.map(lambda leaf: leaf[-1], batches)
-
-  def inner_step(v, minibatch):
-    grads = jax.grad(lambda p: lagrangian(loss_fn, p, minibatch, z, lam,
-                                          gamma)[0])(v)
-    return optax.tree.add_scale(v, -config.alpha, grads), None
-
-  adapted, _ = jax.lax.scan(inner_step, w, inner)
-  f, grads = jax.value_and_grad(loss_fn)(adapted, outer)
-  return optax.tree.add_scale(w, -config.beta, grads), f
-
-
-def per_fedbc_local(loss_fn: LossFn, w: Params, data: Batch, key: PRNGKey, *,
-                    z: Params, lam: jax.Array, gamma: jax.Array,
-                    config: FedBCConfig) -> tuple[Params, jax.Array]:
-  """``local_epochs * ceil(|D_i| / B)`` Per-FedBC outer steps on one client.
-
-  Returns:
-    ``(w, mean outer loss)``.
-  """
-  bs = config.batch_size
-  per_epoch = -(-data["mask"].shape[0] // bs)
-  active = config.local_epochs * jnp.ceil(jnp.sum(data["mask"]) / bs)
-
-  def step(w, xs):
-    index, step_key = xs
-    keys = jax.random.split(step_key, config.inner_steps + 1)
-    batches = jax.vmap(lambda k: local.sample_batch(k, data, bs))(keys)
-    new_w, f = per_fedbc_step(loss_fn, w, batches, z=z, lam=lam, gamma=gamma,
-                              config=config)
-    on = index < active
-    return _keep_if(on, new_w, w), f * on
-
-  num = config.local_epochs * per_epoch
-  w, losses = jax.lax.scan(step, w,
-                           (jnp.arange(num), jax.random.split(key, num)))
-  return w, jnp.sum(losses) / jnp.maximum(active, 1.0)
-
-
 def dual_update(sq_dist: jax.Array, lam: jax.Array, gamma: jax.Array,
                 config: FedBCConfig) -> tuple[jax.Array, jax.Array]:
   """Eq. (11) and the tolerance step, both from the OLD (lam, gamma).
@@ -293,10 +174,11 @@ def client_update(loss_fn: LossFn, config: FedBCConfig, z: Params,
   """
   data = local.concat_batches(client.support, client.query)
   start = x if config.start_from == "x" else z
-  train = per_fedbc_local if config.personalized else lagrangian_sgd
+  train = (fedbc_local.per_fedbc_local if config.personalized else
+           fedbc_local.lagrangian_sgd)
   new_x, loss = train(loss_fn, start, data, key, z=z, lam=lam, gamma=gamma,
                       config=config)
-  sq_dist = squared_distance(new_x, z)
+  sq_dist = fedbc_local.squared_distance(new_x, z)
   new_lam, new_gamma = dual_update(sq_dist, lam, gamma, config)
   return new_x, new_lam, new_gamma, loss, sq_dist
 
@@ -327,26 +209,20 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
 
   def round_fn(state: FedBCState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(data=select(clients), lam=select(state.lambdas),
-                      gamma=select(state.gammas),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
+    stacked = dict(lam=state.lambdas, gamma=state.gammas)
     if config.start_from == "x":
-      per_client["x"] = select(state.client_params)
+      stacked["x"] = state.client_params
 
     def one_client(c):
       return client_update(loss_fn, config, state.params,
                            c.get("x", state.params), c["lam"], c["gamma"],
                            c["data"], c["key"])
 
-    xs, lams, gammas, losses, sq_dists = clients_lib.map_clients(
-        one_client, per_client, strategy)
-    weights = per_client["data"].num_examples
+    (xs, lams, gammas, losses, sq_dists), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, **stacked))
     params = server_update(xs, lams, weights)
-    metrics = {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-               "client_loss": losses,
+    metrics = {**averaging.loss_metrics(losses, weights),
                "lambda_mean": jnp.mean(lams), "gamma_mean": jnp.mean(gammas),
                "sq_distance": jnp.mean(sq_dists),
                "fallback": (jnp.sum(lams) <= 0).astype(jnp.float32)}
@@ -414,3 +290,38 @@ def make_evaluate_local(loss_fn: LossFn, eval_fn: evaluation.EvalFn, *,
     return out
 
   return evaluate_local
+
+
+def fedbc(model: nn.Module, config: FedBCConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float | None = 0.03,
+          eval_steps: int | None = 1, pm: None = None,
+          personalized: bool = False) -> base.FederatedAlgorithm:
+  """FedBC (or Per-FedBC, ``personalized``) as a ``FederatedAlgorithm``.
+
+  ``eval_alpha`` / ``eval_steps``: as ``make_evaluate`` (None: the method's
+  own).
+  """
+  name = "per_fedbc" if personalized else "fedbc"
+  base.no_pm(name, pm)
+  strategy = clients_lib.as_strategy(strategy)
+  config = dataclasses.replace(config, personalized=personalized)
+  loss_fn = models.make_loss_fn(model)
+  return base.FederatedAlgorithm(
+      name, init_state, make_round(loss_fn, config, strategy),
+      make_evaluate(loss_fn, models.make_eval_fn(model), config,
+                    strategy=strategy, eval_alpha=eval_alpha,
+                    eval_steps=eval_steps),
+      lambda state: state.params)
+
+
+def per_fedbc(model: nn.Module, config: FedBCConfig, *,
+              strategy: base.Strategy = None, eval_alpha: float | None = 0.03,
+              eval_steps: int | None = 1, pm: None = None
+             ) -> base.FederatedAlgorithm:
+  """Per-FedBC: :func:`fedbc` with ``personalized=True``."""
+  return fedbc(model, config, strategy=strategy, eval_alpha=eval_alpha,
+               eval_steps=eval_steps, pm=pm, personalized=True)
+
+
+SPECS = (base.AlgorithmSpec("fedbc", FedBCConfig, PM_ROLE, fedbc),
+         base.AlgorithmSpec("per_fedbc", FedBCConfig, PM_ROLE, per_fedbc))

@@ -12,7 +12,7 @@ Each client's model is an ensemble of (public code, ``clientcp.py``):
     during local training);
   * the personal head W^hp (same shape; PERSONAL, never leaves the client).
 
-Forward pass of client i on x, with ``r = f(x; W^fe)``:
+Forward pass of client i on x (``fedcp_model``), with ``r = f(x; W^fe)``:
 
   ``v_i = normalize(sum_k W^hp[:, k])``   (the conditional input from the
                                          personal head, PFLlib's ``set_head_g``)
@@ -55,13 +55,13 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
-from augfl_jax.algorithms import averaging, prototypes
+from augfl_jax import evaluation, local, models, tree
+from augfl_jax.algorithms import averaging, base, fedcp_model, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "none"
 EVAL_SALT = 0x7FFFFFF2
 CPN_SALT = 0x7FFFFFF3
-MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,38 +101,6 @@ class FedCPConfig:
       raise ValueError(f"eval_epochs must be >= 0, got {self.eval_epochs}")
 
 
-class ConditionalPolicy(nn.Module):
-  """The CPN: ``Dense(2d) -> LayerNorm -> ReLU -> [n, 2, d] -> softmax``.
-
-  Attributes:
-    dim: the feature width d.
-  """
-
-  dim: int
-
-  @nn.compact
-  def __call__(self, x: jax.Array, noise: jax.Array | None = None,
-               temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """Policies for ``x [n, d]``.
-
-    Args:
-      x: the conditional input ``r * v``.
-      noise: ``[n, 2, d]`` Gumbel noise, or None (plain softmax).
-      temperature: the Gumbel-softmax tau.
-
-    Returns:
-      ``(p, g)``, each ``[n, d]`` in [0, 1], ``p + g = 1``: the personal and
-      global policies.
-    """
-    h = nn.Dense(2 * self.dim, name="fc")(x)
-    h = nn.relu(nn.LayerNorm(epsilon=1e-5, name="norm")(h))
-    h = h.reshape((x.shape[0], 2, self.dim))
-    if noise is not None:
-      h = h + noise
-    policy = jax.nn.softmax(h / temperature, axis=1)
-    return policy[:, 0], policy[:, 1]
-
-
 @flax.struct.dataclass
 class FedCPState:
   """Attributes:
@@ -157,78 +125,12 @@ def init_state(params: Params, num_clients: int,
   code's deep copies); the CPN initialised from ``fold_in(key, CPN_SALT)``."""
   head = params[prototypes.head_name(params)]
   d, _ = prototypes.head_shape(params)
-  cpn = ConditionalPolicy(d).init(jax.random.fold_in(key, CPN_SALT),
-                                  jnp.zeros((1, d)))["params"]
+  cpn = fedcp_model.ConditionalPolicy(d).init(
+      jax.random.fold_in(key, CPN_SALT), jnp.zeros((1, d)))["params"]
   return FedCPState(params=params, cpn=cpn,
                     personal_heads=tree.broadcast_to_clients(head,
                                                              num_clients),
                     key=key, round=jnp.zeros((), jnp.int32))
-
-
-def dense(head: Params, x: jax.Array) -> jax.Array:
-  """A classifier head: ``x @ kernel + bias``."""
-  return x @ head["kernel"] + head["bias"]
-
-
-def context_vector(personal_head: Params) -> jax.Array:
-  """``v = normalize(sum_k W^hp[:, k])`` (``[d]``), no gradient."""
-  v = jnp.sum(jax.lax.stop_gradient(personal_head["kernel"]), axis=1)
-  return v / jnp.maximum(jnp.linalg.norm(v), 1e-12)
-
-
-def split_features(cpn_params: Params, features: jax.Array,
-                   context: jax.Array, noise: jax.Array | None = None,
-                   temperature: float = 1.0):
-  """``(r_p, r_g, p, g)`` for features ``r [n, d]``: ``r_p = r * p`` and
-  ``r_g = r * g`` with ``(p, g) = CPN(r * v)``, so ``r_p + r_g = r``."""
-  p, g = ConditionalPolicy(features.shape[-1]).apply(
-      {"params": cpn_params}, features * context[None, :], noise,
-      temperature)
-  return features * p, features * g, p, g
-
-
-def gumbel_noise(key: PRNGKey, shape: tuple[int, ...]) -> jax.Array:
-  """Standard Gumbel samples ``-log(-log U)``."""
-  return jax.random.gumbel(key, shape)
-
-
-def mmd(x: jax.Array, y: jax.Array, mask: jax.Array,
-        bandwidths=MMD_BANDWIDTHS) -> jax.Array:
-  """RBF-kernel MMD^2 of the code over the real rows (``mask > 0``).
-
-  ``mean_{j,l real} [k(x_j, x_l) + k(y_j, y_l) - 2 k(x_j, y_l)]`` with
-  ``k(a, b) = sum_s exp(-||a - b||^2 / (2 s))`` over the bandwidths s.
-  """
-  real = (mask > 0)[:, None]
-  x, y = jnp.where(real, x, 0.0), jnp.where(real, y, 0.0)
-
-  def kernel(a, b):
-    d2 = (jnp.sum(a * a, 1)[:, None] + jnp.sum(b * b, 1)[None, :]
-          - 2.0 * a @ b.T)
-    return sum(jnp.exp(-0.5 * d2 / s) for s in bandwidths)
-
-  pair = (real & real.T).astype(x.dtype)
-  total = kernel(x, x) + kernel(y, y) - 2.0 * kernel(x, y)
-  return jnp.sum(pair * total) / jnp.maximum(jnp.sum(pair), 1.0)
-
-
-def _split(params: Params):
-  name = prototypes.head_name(params)
-  return name, {k: v for k, v in params.items() if k != name}, params[name]
-
-
-def ensemble_logits(model: nn.Module, config: FedCPConfig, extractor: Params,
-                    cpn: Params, personal_head: Params, global_head: Params,
-                    context: jax.Array, x: jax.Array, mask: jax.Array,
-                    noise: jax.Array | None, head_key: str):
-  """``(logits, features)`` of a client's ensemble (module docstring)."""
-  rep, _ = model.apply({"params": {**extractor, head_key: global_head}}, x,
-                       mask=mask)
-  rep_p, rep_g, _, _ = split_features(cpn, rep, context, noise,
-                                      config.gumbel_temperature)
-  logits = (dense(personal_head, rep_p) +
-            dense(jax.lax.stop_gradient(global_head), rep_g))
-  return logits, rep
 
 
 def local_update(model: nn.Module, config: FedCPConfig, params: Params,
@@ -240,30 +142,31 @@ def local_update(model: nn.Module, config: FedCPConfig, params: Params,
     ``(extractor, cpn, personal_head, upload_head, mean loss)``; the
     extractor without the classifier entry.
   """
-  name, extractor, global_head = _split(params)
-  context = context_vector(personal_head)
+  name, extractor, global_head = fedcp_model.split_head(params)
+  context = fedcp_model.context_vector(personal_head)
   d = global_head["kernel"].shape[0]
 
   def loss_fn(trainable, batch, step_key):
     x, mask = batch["x"], batch["mask"]
-    noise = gumbel_noise(step_key, (x.shape[0], 2, d))
-    logits, rep = ensemble_logits(
-        model, config, trainable["extractor"], trainable["cpn"],
-        trainable["head"], global_head, context, x, mask, noise, name)
+    noise = fedcp_model.gumbel_noise(step_key, (x.shape[0], 2, d))
+    logits, rep = fedcp_model.ensemble_logits(
+        model, trainable["extractor"], trainable["cpn"], trainable["head"],
+        global_head, context, x, mask, noise, name,
+        config.gumbel_temperature)
     y = jnp.where(mask > 0, batch["y"], 0).astype(jnp.int32)
     ce = models.masked_mean(optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), y), mask)
     if config.lam == 0:
       return ce
     base, _ = model.apply({"params": params}, x, mask=mask)
-    return ce + config.lam * mmd(rep, jax.lax.stop_gradient(base), mask)
+    return ce + config.lam * fedcp_model.mmd(
+        rep, jax.lax.stop_gradient(base), mask)
 
   trainable = {"extractor": extractor, "cpn": cpn, "head": personal_head}
-  trainable, loss = prototypes.train_epochs(
-      loss_fn, trainable, data, key,
+  trainable, loss = local.train(
+      loss_fn, local.sgd(config.lr, config.momentum), trainable, data, key,
       epochs=config.local_epochs if epochs is None else epochs,
-      batch_size=config.batch_size,
-      optimizer=prototypes.sgd(config.lr, config.momentum))
+      batch_size=config.batch_size, keyed=True)
   upload = jax.tree.map(
       lambda p, g: config.head_mix * p + (1.0 - config.head_mix) * g,
       trainable["head"], global_head)
@@ -282,21 +185,14 @@ def make_round(model: nn.Module, config: FedCPConfig,
 
   def round_fn(state: FedCPState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(head=select(state.personal_heads),
-                      data=select(clients),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
-
     def one_client(c):
       data = local.concat_batches(c["data"].support, c["data"].query)
       return local_update(model, config, state.params, state.cpn, c["head"],
                           data, c["key"])
 
-    extractors, cpns, heads, uploads, losses = clients_lib.map_clients(
-        one_client, per_client, strategy)
-    weights = per_client["data"].num_examples
+    (extractors, cpns, heads, uploads, losses), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, head=state.personal_heads))
     name = prototypes.head_name(state.params)
     params = dict(tree.weighted_mean(extractors, weights))
     params[name] = tree.weighted_mean(uploads, weights)
@@ -304,8 +200,7 @@ def make_round(model: nn.Module, config: FedCPConfig,
         params=params, cpn=tree.weighted_mean(cpns, weights),
         personal_heads=merge(state.personal_heads, heads),
         round=state.round + 1)
-    return new_state, {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-                       "client_loss": losses}
+    return new_state, averaging.loss_metrics(losses, weights)
 
   return jax.jit(round_fn)
 
@@ -323,7 +218,7 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
             else config.eval_epochs)
 
   def one_client(state: FedCPState, client: ClientData, key: PRNGKey):
-    name, extractor, global_head = _split(state.params)
+    name, extractor, global_head = fedcp_model.split_head(state.params)
     train_key, noise_key = jax.random.split(key)
     cpn, head = state.cpn, global_head
     if epochs > 0:
@@ -332,26 +227,40 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
           client.support, train_key, epochs=epochs)
     query = client.query
     n, d = query["mask"].shape[0], global_head["kernel"].shape[0]
-    noise = (gumbel_noise(noise_key, (n, 2, d)) if config.eval_noise
-             else None)
-    logits, _ = ensemble_logits(model, config, extractor, cpn, head,
-                                global_head, context_vector(head),
-                                query["x"], query["mask"], noise, name)
+    noise = (fedcp_model.gumbel_noise(noise_key, (n, 2, d))
+             if config.eval_noise else None)
+    logits, _ = fedcp_model.ensemble_logits(
+        model, extractor, cpn, head, global_head,
+        fedcp_model.context_vector(head), query["x"], query["mask"], noise,
+        name, config.gumbel_temperature)
     y = jnp.where(query["mask"] > 0, query["y"], 0).astype(jnp.int32)
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), y)
-    return (prototypes.masked_correct(jnp.argmax(logits, -1), y,
+    return (models.masked_mean(ce, query["mask"]),
+            evaluation.masked_correct(jnp.argmax(logits, -1), y,
                                       query["mask"]),
-            models.masked_mean(ce, query["mask"]), jnp.sum(query["mask"]))
+            jnp.sum(query["mask"]))
 
   def evaluate(state: FedCPState, clients: ClientData):
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, EVAL_SALT), state.round,
-        jnp.arange(clients.num_examples.shape[0]))
-    correct, loss, count = clients_lib.map_clients(
-        lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy)
-    metrics = prototypes.accuracy_metrics(correct, count)
-    metrics["loss"] = jnp.sum(loss * count) / jnp.maximum(jnp.sum(count), 1.0)
-    return metrics
+    keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
+    return evaluation.summarise(*clients_lib.map_clients(
+        lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy))
 
   return jax.jit(evaluate)
+
+
+def fedcp(model: nn.Module, config: FedCPConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float = 0.03,
+          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedCP as a ``FederatedAlgorithm``; held-out clients follow
+  ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused)."""
+  del eval_alpha, eval_steps
+  base.no_pm("fedcp", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedcp", init_state, make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy),
+      lambda state: state.params)
+
+
+SPECS = (base.AlgorithmSpec("fedcp", FedCPConfig, PM_ROLE, fedcp),)

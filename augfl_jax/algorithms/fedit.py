@@ -25,9 +25,11 @@ import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
-from augfl_jax.algorithms import averaging
+from augfl_jax.algorithms import averaging, base
 from augfl_jax.models import lora
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
+
+PM_ROLE = "backbone"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,9 +108,9 @@ def local_update(model: nn.Module, config: FedITConfig, backbone: Params,
     ``(adapter, mean loss)``.
   """
   data = local.concat_batches(client.support, client.query)
-  return local.sgd_epochs(adapter_loss_fn(model, backbone, config), adapter,
-                          data, key, epochs=config.local_epochs,
-                          batch_size=config.batch_size, lr=config.lr)
+  return local.train(adapter_loss_fn(model, backbone, config),
+                     local.sgd(config.lr), adapter, data, key,
+                     epochs=config.local_epochs, batch_size=config.batch_size)
 
 
 def make_round(model: nn.Module, config: FedITConfig,
@@ -125,21 +127,13 @@ def make_round(model: nn.Module, config: FedITConfig,
 
   def round_fn(state: FedITState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, _ = tree.client_subset(participants)
-    per_client = dict(
-        data=select(clients),
-        key=averaging.participant_keys(
-            state.key, state.round, clients.num_clients,
-            participants))
-    adapters, losses = clients_lib.map_clients(
+    (adapters, losses), weights, _ = averaging.run_participants(
         lambda c: local_update(model, config, state.backbone,
                                state.global_adapter, c["data"], c["key"]),
-        per_client, strategy)
-    weights = per_client["data"].num_examples
-    metrics = {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-               "client_loss": losses}
-    return state.replace(global_adapter=tree.weighted_mean(adapters, weights),
-                         round=state.round + 1), metrics
+        state, clients, participants, strategy)
+    return (state.replace(global_adapter=tree.weighted_mean(adapters, weights),
+                          round=state.round + 1),
+            averaging.loss_metrics(losses, weights))
 
   return jax.jit(round_fn)
 
@@ -176,20 +170,10 @@ def make_evaluate(model: nn.Module, config: FedITConfig, *,
       loss, correct = adapter_eval(adapted, client.query)
       return loss, correct, jnp.sum(client.query["mask"])
 
-    return summarise(*clients_lib.map_clients(one_client, clients, strategy))
+    return evaluation.summarise(*clients_lib.map_clients(one_client, clients,
+                                                         strategy))
 
   return jax.jit(evaluate)
-
-
-def summarise(loss: jax.Array, correct: jax.Array, count: jax.Array
-             ) -> dict[str, jax.Array]:
-  """Per-client ``[C]`` loss, correct and count -> the evaluation metrics."""
-  accuracy = correct / jnp.maximum(count, 1.0)
-  total = jnp.maximum(jnp.sum(count), 1.0)
-  return {"accuracy": jnp.sum(correct) / total,
-          "accuracy_std": jnp.std(accuracy),
-          "loss": jnp.sum(loss * count) / total,
-          "client_accuracy": accuracy}
 
 
 def make_evaluate_global(model: nn.Module, config: FedITConfig):
@@ -204,3 +188,22 @@ def make_evaluate_global(model: nn.Module, config: FedITConfig):
             "loss": loss}
 
   return jax.jit(evaluate_global)
+
+
+def fedit(model: nn.Module, config: FedITConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float = 0.03,
+          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedIT as a ``FederatedAlgorithm``: ``model`` is the PM module and
+  ``init``'s params its weights, the frozen backbone."""
+  base.no_pm("fedit", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedit", lambda params, num_clients, key: init_state(
+          params, num_clients, key, config),
+      make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy, eval_alpha=eval_alpha,
+                    eval_steps=eval_steps),
+      lambda state: global_params(state, config))
+
+
+SPECS = (base.AlgorithmSpec("fedit", FedITConfig, PM_ROLE, fedit),)

@@ -16,7 +16,7 @@ Every client holds two LoRA adapters on the frozen backbone (``models.lora``):
   feature (``features``, the penultimate representation), D the per-example
   L2 distance ``||h_p - h_g||_2`` (``distance="l2"``, the paper's; or its
   square, ``"squared_l2"``) reduced over the real examples of the minibatch by
-  a mean (default) or a sum, lam = 0.5 (Section 5.1).
+  a mean (default) or a sum, lam = 0.5 (Section 5.1); ``fedoa_personal``.
 
 Order (Algorithm 1): the regulariser's anchor is the global adapter
 phi_g^{t-1} the client RECEIVED this round, not its own updated copy (line 7
@@ -50,13 +50,14 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
-import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
-from augfl_jax.algorithms import averaging, fedit
+from augfl_jax import evaluation, local, models, tree
+from augfl_jax.algorithms import averaging, base, fedit, fedoa_personal
 from augfl_jax.models import lora
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
+
+PM_ROLE = "backbone"
 
 DISTANCES = ("l2", "squared_l2")
 REDUCTIONS = ("mean", "sum")
@@ -127,74 +128,6 @@ def init_state(backbone_params: Params, num_clients: int, key: PRNGKey,
       key=key, round=base.round)
 
 
-def feature_distance(h_personal: jax.Array, h_global: jax.Array,
-                     mask: jax.Array, config: FedOAConfig) -> jax.Array:
-  """``D`` over a minibatch: reduce_j d(h_p[j], h_g[j]) over real rows j.
-
-  Args:
-    h_personal, h_global: ``[n, d]`` features.
-    mask: ``[n]``, 1 = real example.
-    config: ``distance`` and ``reduction``.
-
-  Returns:
-    Scalar. ``d = ||h_p - h_g||_2`` (its gradient at ``h_p = h_g`` is taken
-    as 0, the minimal-norm subgradient) or ``||h_p - h_g||_2^2``.
-  """
-  sq = jnp.sum(jnp.square(h_personal - h_global), axis=-1)
-  if config.distance == "l2":
-    positive = sq > 0
-    d = jnp.where(positive, jnp.sqrt(jnp.where(positive, sq, 1.0)), 0.0)
-  else:
-    d = sq
-  d = jnp.where(mask > 0, d, 0.0)
-  if config.reduction == "sum":
-    return jnp.sum(d)
-  return jnp.sum(d) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
-def personal_objective(model: nn.Module, config: FedOAConfig,
-                       backbone: Params, anchor: lora.Adapters):
-  """``objective(personal, batch) -> scalar``: CE + lam * D (module doc).
-
-  The backbone and the anchor adapter are ``stop_gradient``-ed: a gradient
-  of the objective reaches only ``personal``.
-  """
-  features_fn = models.make_features_fn(model)
-  frozen = jax.lax.stop_gradient(backbone)
-  anchor = jax.lax.stop_gradient(anchor)
-
-  def objective(personal: lora.Adapters, batch: Batch) -> jax.Array:
-    mask = batch["mask"]
-    y = jnp.where(mask > 0, batch["y"].astype(jnp.int32), 0)
-    # Both models in ONE vmapped call: identical adapters then give bitwise
-    # identical features under every client strategy, so the L2 distance is
-    # exactly 0 there (its gradient 0) instead of float noise whose gradient
-    # ``diff / ||diff||`` is a unit vector.
-    both = jax.tree.map(lambda p, a: jnp.stack([p, a]), personal, anchor)
-    h, logits = jax.vmap(lambda adapter: features_fn(
-        lora.merge(frozen, adapter, config.lora), batch["x"], mask))(both)
-    h_p, h_g, logits = h[0], h[1], logits[0]
-    ce = models.masked_mean(optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), y), mask)
-    reg = feature_distance(h_p.astype(jnp.float32),
-                           jax.lax.stop_gradient(h_g).astype(jnp.float32),
-                           mask, config)
-    return ce + config.lam * reg
-
-  return objective
-
-
-def train_personal(model: nn.Module, config: FedOAConfig, backbone: Params,
-                   anchor: lora.Adapters, personal: lora.Adapters,
-                   data: Batch, key: PRNGKey):
-  """``local_epochs`` epochs of SGD (step ``personal_step``) on the FedOA
-  objective from ``personal``; returns ``(personal, mean objective)``."""
-  return local.sgd_epochs(
-      personal_objective(model, config, backbone, anchor), personal, data,
-      key, epochs=config.local_epochs, batch_size=config.batch_size,
-      lr=config.personal_step)
-
-
 def client_update(model: nn.Module, config: FedOAConfig, backbone: Params,
                   global_adapter: lora.Adapters, personal: lora.Adapters,
                   client: ClientData, key: PRNGKey):
@@ -209,7 +142,7 @@ def client_update(model: nn.Module, config: FedOAConfig, backbone: Params,
       model, config, backbone, global_adapter, client, key)
   anchor = global_adapter if config.anchor == "received" else new_global
   data = local.concat_batches(client.support, client.query)
-  new_personal, personal_loss = train_personal(
+  new_personal, personal_loss = fedoa_personal.train_personal(
       model, config, backbone, anchor, personal, data,
       jax.random.fold_in(key, 1))
   return new_global, new_personal, global_loss, personal_loss
@@ -227,21 +160,16 @@ def make_round(model: nn.Module, config: FedOAConfig,
 
   def round_fn(state: FedOAState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge_rows = tree.client_subset(participants)
-    per_client = dict(
-        data=select(clients), personal=select(state.personal_adapters),
-        key=averaging.participant_keys(
-            state.key, state.round, clients.num_clients,
-            participants))
-    globals_, personals, g_loss, p_loss = clients_lib.map_clients(
-        lambda c: client_update(model, config, state.backbone,
-                                state.global_adapter, c["personal"],
-                                c["data"], c["key"]),
-        per_client, strategy)
-    w = per_client["data"].num_examples
-    metrics = {"loss": jnp.sum(w * g_loss) / jnp.sum(w),
+    (globals_, personals, g_loss, p_loss), w, merge_rows = (
+        averaging.run_participants(
+            lambda c: client_update(model, config, state.backbone,
+                                    state.global_adapter, c["personal"],
+                                    c["data"], c["key"]),
+            state, clients, participants, strategy,
+            personal=state.personal_adapters))
+    metrics = {**averaging.loss_metrics(g_loss, w),
                "personal_loss": jnp.sum(w * p_loss) / jnp.sum(w),
-               "client_loss": g_loss, "client_personal_loss": p_loss}
+               "client_personal_loss": p_loss}
     return state.replace(
         global_adapter=tree.weighted_mean(globals_, w),
         personal_adapters=merge_rows(state.personal_adapters, personals),
@@ -268,18 +196,16 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
 
   def evaluate(state, clients: ClientData):
     scored = lora.frozen_backbone(eval_fn, state.backbone, config.lora)
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, _EVAL_TAG), state.round,
-        jnp.arange(clients.num_examples.shape[0]))
+    keys = averaging.heldout_keys(state, clients.num_clients, _EVAL_TAG)
 
     def one_client(c):
-      personal, _ = train_personal(model, config, state.backbone,
+      personal, _ = fedoa_personal.train_personal(model, config, state.backbone,
                                    state.global_adapter, state.global_adapter,
                                    c["data"].support, c["key"])
       loss, correct = scored(personal, c["data"].query)
       return loss, correct, jnp.sum(c["data"].query["mask"])
 
-    return fedit.summarise(*clients_lib.map_clients(
+    return evaluation.summarise(*clients_lib.map_clients(
         one_client, dict(data=clients, key=keys), strategy))
 
   return jax.jit(evaluate)
@@ -318,7 +244,27 @@ def make_evaluate_personal(
     per_client = {"personal": state.personal_adapters}
     if not shared:
       per_client["batch"] = batch
-    return fedit.summarise(*clients_lib.map_clients(one_client, per_client,
-                                                    strategy))
+    return evaluation.summarise(*clients_lib.map_clients(
+        one_client, per_client, strategy))
 
   return jax.jit(evaluate_personal)
+
+
+def fedoa(model: nn.Module, config: FedOAConfig, *,
+          strategy: base.Strategy = None, eval_alpha: float = 0.03,
+          eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedOA as a ``FederatedAlgorithm``: ``model`` is the PM module and
+  ``init``'s params its weights, the frozen backbone; held-out clients
+  follow ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused)."""
+  del eval_alpha, eval_steps
+  base.no_pm("fedoa", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedoa", lambda params, num_clients, key: init_state(
+          params, num_clients, key, config),
+      make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy),
+      lambda state: global_params(state, config))
+
+
+SPECS = (base.AlgorithmSpec("fedoa", FedOAConfig, PM_ROLE, fedoa),)

@@ -18,7 +18,7 @@ prototype sets ``{C_m}`` of all M training clients from the server:
 
   ``L_g = CE(z Cbar^T / tau, y)``                                   (global)
   ``L_p = (1/M) sum_m CE(z C_m^T / tau, y)``                         (local)
-  ``L = L_g + L_p``  (masked batch means; tau = 0.07)
+  ``L = L_g + L_p``  (masked batch means; tau = 0.07; ``fedpcl_contrastive``)
 
 the formulation of the paper (also PFLlib's ``clientPCL``); a client's set
 ``C_m`` lacks the classes m does not hold, which are filled with the global
@@ -59,13 +59,14 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
-from augfl_jax.algorithms import averaging, prototypes
+from augfl_jax import evaluation, local
+from augfl_jax.algorithms import (averaging, base, fedpcl_contrastive,
+                                  prototypes)
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "encoder"
 EncoderApply = Callable[[jax.Array, jax.Array], jax.Array]
 EVAL_SALT = 0x7FFFFFF1
-_EXCLUDED = -1e30  # logit of a class left out of a softmax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,85 +109,11 @@ FedPCLState = prototypes.PrototypeState
 init_state = prototypes.init_state
 
 
-def l2_normalize(x: jax.Array, eps: float = 1e-12) -> jax.Array:
-  """``x / max(||x||, eps)`` row-wise (``torch.nn.functional.normalize``)."""
-  sq = jnp.sum(x * x, axis=-1, keepdims=True)
-  return x * jax.lax.rsqrt(jnp.maximum(sq, eps * eps))
-
-
-def make_project_fn(model: nn.Module):
-  """``project(params, h, mask) -> z [n, d]``: the unit-norm penultimate
-  features of the projector ``model`` applied to encoder outputs ``h``."""
-  features_fn = models.make_features_fn(model)
-
-  def project(params: Params, h: jax.Array, mask: jax.Array) -> jax.Array:
-    feats, _ = features_fn(params, h, mask)
-    return l2_normalize(feats)
-
-  return project
-
-
 def encode(encoder_apply: EncoderApply, batch: Batch) -> Batch:
   """``batch`` with ``x`` replaced by the frozen encoder's features (no
   gradient reaches the encoder)."""
   h = jax.lax.stop_gradient(encoder_apply(batch["x"], batch["mask"]))
   return {**batch, "x": h}
-
-
-def padded_client_prototypes(local_protos: jax.Array, local_counts: jax.Array,
-                             global_protos: jax.Array,
-                             global_counts: jax.Array
-                            ) -> tuple[jax.Array, jax.Array]:
-  """Each client's prototype set with its missing classes filled from Cbar.
-
-  Returns:
-    ``(protos [M, K, d], valid [M, K])``: ``C_m^(k)`` where client m holds k,
-    else ``Cbar^(k)``; valid where either exists.
-  """
-  held = local_counts > 0
-  protos = jnp.where(held[..., None], local_protos, global_protos[None])
-  return protos, held | (global_counts > 0)[None, :]
-
-
-def _prototype_ce(z, labels, protos, valid, temperature):
-  """``CE(z protos^T / tau, y)`` per row, invalid classes out of the softmax.
-
-  Invalid logits are a large finite negative (not -inf), so rows the caller
-  masks out stay finite, gradients included.
-  """
-  logits = jnp.where(valid[None, :], z @ protos.T / temperature, _EXCLUDED)
-  true = jnp.take_along_axis(logits, labels[:, None], axis=1)[:, 0]
-  return jax.nn.logsumexp(logits, axis=-1) - true
-
-
-def contrastive_loss(z: jax.Array, labels: jax.Array, mask: jax.Array,
-                     global_protos: jax.Array, global_counts: jax.Array,
-                     client_protos: jax.Array, client_valid: jax.Array, *,
-                     temperature: float) -> tuple[jax.Array, dict]:
-  """``L_g + L_p`` of FedPCL on one batch (module docstring).
-
-  Args:
-    z: ``[n, d]`` embeddings; labels ``[n]``; mask ``[n]``.
-    global_protos: ``[K, d]``; global_counts ``[K]``.
-    client_protos: ``[M, K, d]`` and client_valid ``[M, K]`` from
-      ``padded_client_prototypes``.
-    temperature: tau.
-
-  Returns:
-    ``(loss, {"global": L_g, "local": L_p})``; only real examples whose class
-    has a global prototype count (masked means).
-  """
-  labels = jnp.where(mask > 0, labels, 0).astype(jnp.int32)
-  has = global_counts > 0
-  weight = jnp.where(has[labels], mask, 0.0)
-  l_g = models.masked_mean(
-      _prototype_ce(z, labels, global_protos, has, temperature), weight)
-  per_client = jax.vmap(
-      lambda p, v: models.masked_mean(
-          _prototype_ce(z, labels, p, v, temperature), weight))(
-              client_protos, client_valid)
-  l_p = jnp.mean(per_client)
-  return l_g + l_p, {"global": l_g, "local": l_p}
 
 
 def local_update(project, config: FedPCLConfig, params: Params,
@@ -201,23 +128,22 @@ def local_update(project, config: FedPCLConfig, params: Params,
   Returns:
     ``(params, protos [K, d], counts [K], mean training loss)``.
   """
-  client_protos, client_valid = padded_client_prototypes(
+  client_protos, client_valid = fedpcl_contrastive.padded_client_prototypes(
       state.local_protos, state.local_counts, state.global_protos,
       state.global_counts)
 
   def loss_fn(p, batch, step_key):
     del step_key
     z = project(p, batch["x"], batch["mask"])
-    return contrastive_loss(
+    return fedpcl_contrastive.contrastive_loss(
         z, batch["y"], batch["mask"], state.global_protos,
         state.global_counts, client_protos, client_valid,
         temperature=config.temperature)[0]
 
-  params, loss = prototypes.train_epochs(
-      loss_fn, params, data, key,
+  params, loss = local.train(
+      loss_fn, local.sgd(config.lr, config.momentum), params, data, key,
       epochs=config.local_epochs if epochs is None else epochs,
-      batch_size=config.batch_size,
-      optimizer=prototypes.sgd(config.lr, config.momentum))
+      batch_size=config.batch_size, keyed=True)
   z = project(params, data["x"], data["mask"])
   protos, counts = prototypes.class_prototypes(
       z, data["y"], data["mask"], state.global_protos.shape[0])
@@ -235,28 +161,21 @@ def make_round(model: nn.Module, config: FedPCLConfig,
   ``client_loss`` (one per participant).
   """
   strategy = clients_lib.as_strategy(strategy)
-  project = make_project_fn(model)
+  project = fedpcl_contrastive.make_project_fn(model)
 
   def round_fn(state: FedPCLState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(params=select(state.client_params),
-                      data=select(clients),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
-
     def one_client(c):
       data = encode(encoder_apply,
                     local.concat_batches(c["data"].support, c["data"].query))
       return local_update(project, config, c["params"], data, state,
                           c["key"])
 
-    params, protos, counts, losses = clients_lib.map_clients(
-        one_client, per_client, strategy)
+    (params, protos, counts, losses), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, params=state.client_params))
     return prototypes.server_step(state, merge, params, protos, counts,
-                                  losses, per_client["data"].num_examples,
-                                  config.proto_weighting)
+                                  losses, weights, config.proto_weighting)
 
   return jax.jit(round_fn)
 
@@ -272,7 +191,7 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
   query set, sample-weighted).
   """
   strategy = clients_lib.as_strategy(strategy)
-  project = make_project_fn(model)
+  project = fedpcl_contrastive.make_project_fn(model)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)
 
@@ -292,28 +211,46 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
     pred = prototypes.nearest_prototype(z, protos, counts > 0)
     pred_global = prototypes.nearest_prototype(
         z, state.global_protos, state.global_counts > 0)
-    client_protos, client_valid = padded_client_prototypes(
+    client_protos, client_valid = fedpcl_contrastive.padded_client_prototypes(
         state.local_protos, state.local_counts, state.global_protos,
         state.global_counts)
-    loss, _ = contrastive_loss(
+    loss, _ = fedpcl_contrastive.contrastive_loss(
         z, query["y"], query["mask"], state.global_protos,
         state.global_counts, client_protos, client_valid,
         temperature=config.temperature)
-    return (prototypes.masked_correct(pred, y, query["mask"]),
-            prototypes.masked_correct(pred_global, y, query["mask"]),
+    return (evaluation.masked_correct(pred, y, query["mask"]),
+            evaluation.masked_correct(pred_global, y, query["mask"]),
             loss, jnp.sum(query["mask"]))
 
   def evaluate(state: FedPCLState, clients: ClientData):
-    num = clients.num_examples.shape[0]
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, EVAL_SALT), state.round,
-        jnp.arange(num))
+    keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
     correct, correct_global, loss, count = clients_lib.map_clients(
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy)
-    metrics = prototypes.accuracy_metrics(correct, count)
-    metrics.update(prototypes.accuracy_metrics(correct_global, count,
-                                               "_global"))
-    metrics["loss"] = jnp.sum(loss * count) / jnp.maximum(jnp.sum(count), 1.0)
-    return metrics
+    return {**evaluation.summarise(loss, correct, count),
+            **evaluation.summarise(None, correct_global, count,
+                                   suffix="_global")}
 
   return jax.jit(evaluate)
+
+
+def fedpcl(model: nn.Module, config: FedPCLConfig, *,
+           strategy: base.Strategy = None, eval_alpha: float = 0.03,
+           eval_steps: int = 1, pm: EncoderApply | None = None
+          ) -> base.FederatedAlgorithm:
+  """FedPCL as a ``FederatedAlgorithm``: ``model`` is the projector, ``pm``
+  the frozen encoder ``(x, mask) -> [n, d_enc]``; held-out clients follow
+  ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused). The projectors
+  stay personal: ``global_params`` is the initial projector."""
+  del eval_alpha, eval_steps
+  if pm is None:
+    raise ValueError("fedpcl needs pm: the frozen pretrained encoder "
+                     "(x, mask) -> features")
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedpcl", init_state,
+      make_round(model, config, strategy, encoder_apply=pm),
+      make_evaluate(model, config, strategy=strategy, encoder_apply=pm),
+      lambda state: state.init_params)
+
+
+SPECS = (base.AlgorithmSpec("fedpcl", FedPCLConfig, PM_ROLE, fedpcl),)

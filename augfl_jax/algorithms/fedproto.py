@@ -51,10 +51,11 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import local, models, tree
-from augfl_jax.algorithms import averaging, prototypes
+from augfl_jax import evaluation, local, models
+from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
+PM_ROLE = "none"
 DISTANCES = ("mse", "squared_l2")
 NEW_CLIENT_INITS = ("initial", "mean")
 EVAL_SALT = 0x7FFFFFF0  # folded into the root key for held-out clients
@@ -164,11 +165,11 @@ def local_update(model: nn.Module, config: FedProtoConfig, params: Params,
     ``(params, protos [K, d], counts [K], mean training loss)``.
   """
   features_fn = models.make_features_fn(model)
-  params, loss = prototypes.train_epochs(
-      _keyed_loss(features_fn, config, global_protos, global_counts), params,
-      data, key, epochs=config.local_epochs if epochs is None else epochs,
-      batch_size=config.batch_size,
-      optimizer=prototypes.sgd(config.lr, config.momentum))
+  params, loss = local.train(
+      _keyed_loss(features_fn, config, global_protos, global_counts),
+      local.sgd(config.lr, config.momentum), params, data, key,
+      epochs=config.local_epochs if epochs is None else epochs,
+      batch_size=config.batch_size, keyed=True)
   feats, _ = features_fn(params, data["x"], data["mask"])
   protos, counts = prototypes.class_prototypes(
       feats, _labels(data), data["mask"], global_protos.shape[0])
@@ -187,23 +188,16 @@ def make_round(model: nn.Module, config: FedProtoConfig,
 
   def round_fn(state: FedProtoState, clients: ClientData,
                participants: jax.Array | None = None):
-    select, merge = tree.client_subset(participants)
-    per_client = dict(params=select(state.client_params),
-                      data=select(clients),
-                      key=averaging.participant_keys(
-                          state.key, state.round, clients.num_clients,
-                          participants))
-
     def one_client(c):
       data = local.concat_batches(c["data"].support, c["data"].query)
       return local_update(model, config, c["params"], data,
                           state.global_protos, state.global_counts, c["key"])
 
-    params, protos, counts, losses = clients_lib.map_clients(
-        one_client, per_client, strategy)
+    (params, protos, counts, losses), weights, merge = (
+        averaging.run_participants(one_client, state, clients, participants,
+                                   strategy, params=state.client_params))
     return prototypes.server_step(state, merge, params, protos, counts,
-                                  losses, per_client["data"].num_examples,
-                                  config.proto_weighting)
+                                  losses, weights, config.proto_weighting)
 
   return jax.jit(round_fn)
 
@@ -241,27 +235,42 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
     pred = prototypes.nearest_prototype(feats, state.global_protos, valid)
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), y)
-    return (prototypes.masked_correct(pred, y, query["mask"]),
-            prototypes.masked_correct(jnp.argmax(logits, -1), y,
+    return (evaluation.masked_correct(pred, y, query["mask"]),
+            evaluation.masked_correct(jnp.argmax(logits, -1), y,
                                       query["mask"]),
             models.masked_mean(ce, query["mask"]),
             jnp.sum(query["mask"]))
 
   def evaluate(state: FedProtoState, clients: ClientData):
-    num = clients.num_examples.shape[0]
     if config.new_client_init == "initial":
       start = state.init_params
     else:
       start = jax.tree.map(lambda p: jnp.mean(p, axis=0), state.client_params)
-    keys = averaging.client_keys(
-        jax.random.fold_in(state.key, EVAL_SALT), state.round,
-        jnp.arange(num))
+    keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
     correct, correct_head, loss, count = clients_lib.map_clients(
         lambda c: one_client(state, start, c[0], c[1]), (clients, keys),
         strategy)
-    metrics = prototypes.accuracy_metrics(correct, count)
-    metrics.update(prototypes.accuracy_metrics(correct_head, count, "_head"))
-    metrics["loss"] = jnp.sum(loss * count) / jnp.maximum(jnp.sum(count), 1.0)
-    return metrics
+    return {**evaluation.summarise(loss, correct, count),
+            **evaluation.summarise(None, correct_head, count,
+                                   suffix="_head")}
 
   return jax.jit(evaluate)
+
+
+def fedproto(model: nn.Module, config: FedProtoConfig, *,
+             strategy: base.Strategy = None, eval_alpha: float = 0.03,
+             eval_steps: int = 1, pm: None = None) -> base.FederatedAlgorithm:
+  """FedProto as a ``FederatedAlgorithm``; held-out clients follow
+  ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused). FedProto has
+  no global model: ``global_params`` is the initial one, where every client
+  starts."""
+  del eval_alpha, eval_steps
+  base.no_pm("fedproto", pm)
+  strategy = clients_lib.as_strategy(strategy)
+  return base.FederatedAlgorithm(
+      "fedproto", init_state, make_round(model, config, strategy),
+      make_evaluate(model, config, strategy=strategy),
+      lambda state: state.init_params)
+
+
+SPECS = (base.AlgorithmSpec("fedproto", FedProtoConfig, PM_ROLE, fedproto),)

@@ -12,6 +12,7 @@ set and D'' from the support set.
   as in the paper) or exactly (``hvp="exact"``).
 
 The server averages the client models with sample weights, as FedAvg does.
+Held-out clients: fast adaptation of the global model.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import optax
 from augfl_jax import clients as clients_lib
 from augfl_jax import hvp as hvp_lib
 from augfl_jax import local
-from augfl_jax.algorithms import averaging
+from augfl_jax.algorithms import averaging, base
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
 
+PM_ROLE = "none"
 VARIANTS = ("fo", "hf")
 
 
@@ -97,3 +99,10 @@ def make_round(loss_fn: LossFn, config: PerFedAvgConfig,
   strategy = clients_lib.as_strategy(strategy)
   return averaging.make_averaging_round(
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
+
+
+per_fedavg = averaging.constructor("per_fedavg", make_round)
+
+
+SPECS = (base.AlgorithmSpec("per_fedavg", PerFedAvgConfig, PM_ROLE,
+                            per_fedavg),)

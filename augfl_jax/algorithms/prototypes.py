@@ -16,11 +16,9 @@ prototype of class k over the clients that hold it:
   ``"uniform"``: ``Cbar^(k) = mean_{i: n_ik > 0} C_i^(k)`` (the public code of
                  FedProto and FedPCL, ``proto_aggregation``).
 
-Also here: the state of a prototype method and its initialisation,
-nearest-prototype prediction, a minibatch-epoch loop with an optax
-optimizer (the reference methods use SGD with momentum, which
-``augfl_jax.local.sgd_epochs`` does not offer), and the evaluation metrics
-every method reports.
+Also here: the state of a prototype method and its initialisation, the
+server side of its round, nearest-prototype prediction and the classifier
+head of a library model (FedProto, FedPCL, FedCP).
 """
 
 from __future__ import annotations
@@ -30,15 +28,12 @@ from typing import Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
-import optax
 
-from augfl_jax import local, tree
-from augfl_jax.types import Batch, Params, PRNGKey
+from augfl_jax import tree
+from augfl_jax.algorithms import averaging
+from augfl_jax.types import Params, PRNGKey
 
 WEIGHTINGS = ("count", "uniform")
-
-# loss_fn(params, batch, key) -> scalar masked mean loss (key: per-step noise).
-KeyedLossFn = Callable[[Params, Batch, PRNGKey], jax.Array]
 
 
 def class_counts(labels: jax.Array, mask: jax.Array,
@@ -170,8 +165,7 @@ def server_step(state: PrototypeState, merge: Callable, params: Params,
       local_protos=local_protos, local_counts=local_counts,
       global_protos=global_protos, global_counts=global_counts,
       round=state.round + 1)
-  return new_state, {"loss": jnp.sum(weights * losses) / jnp.sum(weights),
-                     "client_loss": losses}
+  return new_state, averaging.loss_metrics(losses, weights)
 
 
 def squared_distances(features: jax.Array, protos: jax.Array) -> jax.Array:
@@ -191,82 +185,6 @@ def nearest_prototype(features: jax.Array, protos: jax.Array,
   dist = jnp.where(valid[None, :], squared_distances(features, protos),
                    jnp.inf)
   return jnp.argmin(dist, axis=-1).astype(jnp.int32)
-
-
-def sgd(lr: float, momentum: float = 0.0) -> optax.GradientTransformation:
-  """``torch.optim.SGD(lr, momentum)`` (no dampening, no Nesterov)."""
-  return optax.sgd(lr, momentum=momentum if momentum > 0 else None)
-
-
-def train_epochs(loss_fn: KeyedLossFn, params: Params, data: Batch,
-                 key: PRNGKey, *, epochs: int, batch_size: int,
-                 optimizer: optax.GradientTransformation
-                ) -> tuple[Params, jax.Array]:
-  """``epochs`` shuffled minibatch epochs of ``optimizer`` on one client.
-
-  The optimizer state starts fresh (as the reference methods build a new
-  ``torch.optim`` optimizer every round). Minibatches come from
-  ``augfl_jax.local.epoch_batches`` (real rows first, all of them used, no
-  ``drop_last``); an all-padding minibatch leaves parameters AND optimizer
-  state untouched, so momentum never moves the model on padding.
-
-  Args:
-    loss_fn: ``loss_fn(params, batch, key) -> scalar`` masked mean.
-    params: the starting parameters.
-    data: the client's ``Batch`` (``[n, ...]`` leaves).
-    key: PRNG key (shuffling, and one key per step for ``loss_fn``).
-    epochs, batch_size: E and B.
-    optimizer: an optax transformation.
-
-  Returns:
-    ``(params, mean_loss)``, the loss averaged over the real examples seen.
-  """
-
-  def step(carry, inputs):
-    params, opt_state, loss_sum, count = carry
-    minibatch, step_key = inputs
-    loss, grads = jax.value_and_grad(loss_fn)(params, minibatch, step_key)
-    updates, new_opt_state = optimizer.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    real = jnp.sum(minibatch["mask"])
-    keep = lambda new, old: jax.tree.map(
-        lambda a, b: jnp.where(real > 0, a, b), new, old)
-    return (keep(new_params, params), keep(new_opt_state, opt_state),
-            loss_sum + loss * real, count + real), None
-
-  def epoch(carry, epoch_key):
-    shuffle_key, steps_key = jax.random.split(epoch_key)
-    batches = local.epoch_batches(shuffle_key, data, batch_size)
-    steps = batches["mask"].shape[0]
-    carry, _ = jax.lax.scan(step, carry,
-                            (batches, jax.random.split(steps_key, steps)))
-    return carry, None
-
-  init = (params, optimizer.init(params), jnp.zeros(()), jnp.zeros(()))
-  (params, _, loss_sum, count), _ = jax.lax.scan(
-      epoch, init, jax.random.split(key, epochs))
-  return params, loss_sum / jnp.maximum(count, 1.0)
-
-
-def masked_correct(predictions: jax.Array, labels: jax.Array,
-                   mask: jax.Array) -> jax.Array:
-  """Number of real rows (``mask > 0``) with ``predictions == labels``."""
-  return jnp.sum(jnp.where((mask > 0) & (predictions == labels), 1.0, 0.0))
-
-
-def accuracy_metrics(correct: jax.Array, count: jax.Array,
-                     suffix: str = "") -> dict[str, jax.Array]:
-  """The library's evaluation summary over ``[C]`` clients.
-
-  Returns ``accuracy{suffix}`` (``sum correct / sum count``, i.e. the
-  sample-weighted mean over clients), ``accuracy_std{suffix}`` (std of the
-  per-client accuracies) and ``client_accuracy{suffix}`` (``[C]``).
-  """
-  per_client = correct / jnp.maximum(count, 1.0)
-  return {f"accuracy{suffix}": jnp.sum(correct) / jnp.maximum(
-              jnp.sum(count), 1.0),
-          f"accuracy_std{suffix}": jnp.std(per_client),
-          f"client_accuracy{suffix}": per_client}
 
 
 def head_name(params: Params) -> str:

@@ -1,0 +1,110 @@
+"""AugFL with the server's pretrained model (PM), and its KT-only ablation.
+
+The PM enters only the server: it computes ``reg_grad = grad R_h(theta^t)``
+with the regulariser of ``augfl_jax.transfer`` (``pm = (init_fn,
+grad_fn)``), whose state (e.g. the CRD heads and memory banks) never leaves
+the server, and Eq. (13) subtracts ``lam reg_grad``. ``lam = 0`` is "AugFL
+w/o PM" (no regulariser needed).
+
+``kt_only`` is Eq. (13) without the federated term (no client takes part):
+``theta^{t+1} = theta^t - lam grad R_h(theta^t) / sum_i rho_i``.
+
+Held-out clients: fast adaptation of the meta-model (``augfl_jax.
+evaluation``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+
+from augfl_jax import augfl
+from augfl_jax import clients as clients_lib
+from augfl_jax import models
+from augfl_jax.algorithms import base
+from augfl_jax.types import ClientData
+
+PM_ROLE = "regularizer"
+
+
+@flax.struct.dataclass
+class PMAidedState:
+  """AugFL's state next to the server regulariser's (e.g. the CRD heads and
+  memory banks); the regulariser's state never leaves the server."""
+
+  augfl: augfl.AugFLState
+  transfer: Any
+
+
+@jax.jit
+def _kt_only_params(params, reg_grad, scale):
+  return jax.tree.map(lambda p, g: p - scale * g, params, reg_grad)
+
+
+def kt_only_step(state: augfl.AugFLState, reg_grad, config: augfl.AugFLConfig,
+                 clients: ClientData) -> augfl.AugFLState:
+  """Eq. (13) with ``y_i = 0`` and ``theta_i = theta^t`` for every client:
+  ``theta - lam reg_grad / (rho C)``."""
+  scale = config.lam / (config.rho * clients.num_examples.shape[0])
+  return state.replace(params=_kt_only_params(state.params, reg_grad, scale),
+                       round=state.round + 1)
+
+
+def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
+             strategy: base.Strategy = None, eval_alpha: float = 0.03,
+             eval_steps: int = 1, pm: base.Regularizer | None = None,
+             kt_only: bool = False) -> base.FederatedAlgorithm:
+  """AugFL (or KT-only, ``kt_only``) with ``reg_grad = grad R_h(theta^t)``
+  from the server regulariser ``pm = (init_fn, grad_fn)`` (``augfl_jax.
+  transfer.make_regularizer``; None allowed when ``config.lam == 0``).
+
+  Metrics of a round: AugFL's (``augfl.make_round``; KT-only: ``loss`` is
+  ``R_h``) and the regulariser's, prefixed ``kt_``.
+  """
+  name = "kt_only" if kt_only else "augfl"
+  if config.lam > 0 and pm is None:
+    raise ValueError(f"{name} with lam > 0 needs a server regulariser")
+  strategy = clients_lib.as_strategy(strategy)
+  reg_init, reg_grad_fn = pm or (lambda key, params: None, None)
+  round_fn = augfl.make_round(models.make_loss_fn(model), config, strategy)
+
+  def init(params, num_clients, key):
+    return PMAidedState(augfl=augfl.init_state(params, num_clients),
+                        transfer=reg_init(key, params))
+
+  def round_(state: PMAidedState, clients: ClientData, participants=None):
+    reg_grad, transfer, metrics = None, state.transfer, {}
+    if reg_grad_fn is not None and config.lam > 0:
+      reg_grad, transfer, kt = reg_grad_fn(state.augfl.params, transfer)
+      metrics = {f"kt_{k}": v for k, v in kt.items()}
+    if kt_only:
+      new = kt_only_step(state.augfl, reg_grad, config, clients)
+      metrics["loss"] = metrics.get("kt_r_h", jax.numpy.zeros(()))
+    else:
+      new, round_metrics = round_fn(state.augfl, clients, reg_grad,
+                                    participants)
+      metrics.update(round_metrics)
+    return PMAidedState(augfl=new, transfer=transfer), metrics
+
+  params_of = lambda state: state.augfl.params
+  return base.FederatedAlgorithm(
+      name, init, round_,
+      base.fast_adapt_evaluate(model, strategy, eval_alpha=eval_alpha,
+                               eval_steps=eval_steps, params_of=params_of),
+      params_of)
+
+
+def kt_only(model: nn.Module, config: augfl.AugFLConfig, *,
+            strategy: base.Strategy = None, eval_alpha: float = 0.03,
+            eval_steps: int = 1, pm: base.Regularizer | None = None
+           ) -> base.FederatedAlgorithm:
+  """KT-only: :func:`augfl_pm` with ``kt_only=True``."""
+  return augfl_pm(model, config, strategy=strategy, eval_alpha=eval_alpha,
+                  eval_steps=eval_steps, pm=pm, kt_only=True)
+
+
+SPECS = (base.AlgorithmSpec("augfl", augfl.AugFLConfig, PM_ROLE, augfl_pm),
+         base.AlgorithmSpec("kt_only", augfl.AugFLConfig, PM_ROLE, kt_only))
