@@ -28,31 +28,29 @@ import optax
 from augfl_jax import clients as clients_lib
 from augfl_jax import hvp as hvp_lib
 from augfl_jax import tree
+from augfl_jax.fields import field
 from augfl_jax.types import Batch, ClientData, LossFn, Params
 
 
 @dataclasses.dataclass(frozen=True)
 class AugFLConfig:
-  """Hyper-parameters of AugFL (defaults: the paper's §VI-A).
+  """Hyper-parameters of AugFL (defaults: the paper's §VI-A, lam 0)."""
 
-  Attributes:
-    alpha: inner (fast-adaptation) step size of Eq. (7).
-    rho: ADMM penalty rho_i, the same for every client.
-    lam: weight lambda of the server regulariser R_h in Eq. (13); 0 is
-      "AugFL w/o PM".
-    hvp: ``"finite_difference"`` (Eq. (10), the paper's) or ``"exact"``.
-    delta_slope, delta_offset: ``delta_t = 1 / (delta_slope t + delta_offset)``
-      with t = 1, 2, ... the rounds the client has taken part in.
-    uniform_weights: ``w_i = 1 / N`` instead of ``|D_i| / sum_j |D_j|``.
-  """
-
-  alpha: float = 0.03
-  rho: float = 0.7
-  lam: float = 0.0
-  hvp: str = "finite_difference"
-  delta_slope: float = 10.0
-  delta_offset: float = 100.0
-  uniform_weights: bool = False
+  alpha: float = field(0.03, "inner step size alpha of Eq. (7) (the paper's "
+      "0.03)")
+  rho: float = field(0.7, "ADMM penalty rho_i of Eqs. (11)-(13), the same for "
+      "every client (the paper's 0.7)")
+  lam: float = field(0.0, "weight lambda of the server regulariser R_h in Eq. "
+      "(13); 0 is AugFL w/o PM (the paper's 5)")
+  hvp: str = field("finite_difference", "the Hessian-vector product of Eq. "
+      "(10): finite_difference (the paper's) or exact (jvp of grad)",
+      choices=hvp_lib.HVP_METHODS)
+  delta_slope: float = field(10.0, "delta_t = 1 / (delta_slope t + "
+      "delta_offset), t the rounds the client has taken part in")
+  delta_offset: float = field(100.0, "see delta_slope (delta_1 = 1/110, as "
+      "the reference)")
+  uniform_weights: bool = field(False, "w_i = 1/N instead of |D_i| / sum_j "
+      "|D_j|")
 
   def __post_init__(self):
     if not self.alpha > 0:

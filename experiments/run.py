@@ -23,6 +23,7 @@ import shlex
 import sys
 
 from absl import app
+from absl import flags
 
 from augfl_jax import training
 from experiments import flags as run_flags
@@ -30,6 +31,7 @@ from experiments import flags as run_flags
 FLAGS = run_flags.FLAGS
 run_flags.define_config_flags()
 run_flags.define_run_control_flags()
+flags.adopt_module_key_flags(run_flags)  # --help lists them
 
 
 def resume_command(argv: list[str]) -> str:

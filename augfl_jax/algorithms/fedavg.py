@@ -15,6 +15,7 @@ import dataclasses
 from augfl_jax import clients as clients_lib
 from augfl_jax import local
 from augfl_jax.algorithms import averaging, base
+from augfl_jax.fields import field
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
 
 PM_ROLE = "none"
@@ -23,12 +24,12 @@ FEDLP_PM_ROLE = "initialization"
 
 @dataclasses.dataclass(frozen=True)
 class FedAvgConfig:
-  """Attributes: ``lr`` (client SGD step), ``local_epochs`` (E) and
-  ``batch_size`` (B)."""
+  """Hyper-parameters of FedAvg (and FedLP)."""
 
-  lr: float = 0.05
-  local_epochs: int = 1
-  batch_size: int = 10
+  lr: float = field(0.05, "client SGD step size")
+  local_epochs: int = field(1, "local epochs E per round")
+  batch_size: int = field(10, "local minibatch size B (at least a client's "
+      "size: full batch)")
 
   def __post_init__(self):
     if not self.lr > 0:

@@ -64,38 +64,30 @@ START_FROM = ("z", "x")
 
 @dataclasses.dataclass(frozen=True)
 class FedBCConfig:
-  """Hyper-parameters of FedBC / Per-FedBC.
+  """Hyper-parameters of FedBC / Per-FedBC (defaults: the public code's
+  ``utils/options.py`` and the paper's App. D.2)."""
 
-  Defaults: the public code's (``utils/options.py``) and the paper's App. D.2.
-
-  Attributes:
-    lr: client SGD step beta of Algorithm 2 (FedBC only).
-    local_epochs: local epochs E (paper: 5 unless stated).
-    batch_size: minibatch size B (public code: 20).
-    momentum: heavy-ball momentum of the client SGD (public code: 0.5); the
-      buffer starts at 0 every round. FedBC only.
-    lr_lambda: dual step alpha of Eq. (11) (``lamb_lr``, 1e-3).
-    lr_gamma: tolerance step; the paper sets it equal to ``lr_lambda``.
-    lambda_max: upper end of the dual domain Lambda (``inf``: no upper clip).
-    start_from: ``"z"`` (public code) or ``"x"`` (Algorithm 2: from x_i^t).
-    personalized: Per-FedBC (Algorithm 3) instead of FedBC.
-    alpha: Per-FedBC inner step (0.01, as Per-FedAvg in the paper).
-    beta: Per-FedBC outer step (0.001, as Per-FedAvg in the paper).
-    inner_steps: Per-FedBC inner steps J (1 in the paper).
-  """
-
-  lr: float = 0.01
-  local_epochs: int = 5
-  batch_size: int = 20
-  momentum: float = 0.0
-  lr_lambda: float = 1e-3
-  lr_gamma: float = 1e-3
-  lambda_max: float = field(math.inf, "upper clip of lambda_i", allow_inf=True)
-  start_from: str = "z"
-  personalized: bool = False
-  alpha: float = 0.01
-  beta: float = 0.001
-  inner_steps: int = 1
+  lr: float = field(0.01, "client SGD step size beta of Algorithm 2 (FedBC "
+      "only)")
+  local_epochs: int = field(5, "local epochs E (the paper's 5)")
+  batch_size: int = field(20, "local minibatch size B (the public code's 20)")
+  momentum: float = field(0.0, "heavy-ball momentum of the client SGD, its "
+      "buffer reset every round (FedBC only)")
+  lr_lambda: float = field(1e-3, "dual step size of lambda_i, Eq. (11) (the "
+      "public code's lamb_lr 1e-3)")
+  lr_gamma: float = field(1e-3, "step size of the tolerance gamma_i (the "
+      "paper: equal to lr_lambda)")
+  lambda_max: float = field(math.inf, "upper end of the dual domain (inf: no "
+      "upper clip, as the public code)", allow_inf=True)
+  start_from: str = field("z", "local training starts from z (the public "
+      "code) or x (Algorithm 2: from x_i)", choices=START_FROM)
+  personalized: bool = field(False, "Per-FedBC (Algorithm 3): set by "
+      "--algorithm=per_fedbc")
+  alpha: float = field(0.01, "Per-FedBC's inner step (the held-out clients' "
+      "adaptation step too)")
+  beta: float = field(0.001, "Per-FedBC's outer step (0.001, as Per-FedAvg in "
+      "the paper)")
+  inner_steps: int = field(1, "Per-FedBC's inner steps J (the paper's 1)")
 
   def __post_init__(self):
     for name in ("lr", "alpha", "beta", "lambda_max"):

@@ -57,6 +57,7 @@ import optax
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
 from augfl_jax.algorithms import averaging, base, fedcp_model, prototypes
+from augfl_jax.fields import field
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "none"
@@ -66,28 +67,20 @@ CPN_SALT = 0x7FFFFFF3
 
 @dataclasses.dataclass(frozen=True)
 class FedCPConfig:
-  """Hyper-parameters (defaults: the public FedCP code).
+  """Hyper-parameters of FedCP (defaults: its public code)."""
 
-  Attributes:
-    lam: MMD weight lambda.
-    lr, momentum: client SGD (the code: plain SGD).
-    local_epochs, batch_size: E and B.
-    gumbel_temperature: tau of the Gumbel-softmax.
-    head_mix: the uploaded head is ``head_mix W^hp + (1 - head_mix) W^hg``.
-    eval_epochs: a held-out client's epochs on its support set (None:
-      ``local_epochs``).
-    eval_noise: Gumbel noise at prediction (the code's behaviour).
-  """
-
-  lam: float = 5.0
-  lr: float = 0.005
-  momentum: float = 0.0
-  local_epochs: int = 1
-  batch_size: int = 10
-  gumbel_temperature: float = 1.0
-  head_mix: float = 0.5
-  eval_epochs: int | None = None
-  eval_noise: bool = True
+  lam: float = field(5.0, "weight lambda of the MMD term")
+  lr: float = field(0.005, "client SGD step size")
+  momentum: float = field(0.0, "client SGD momentum (the code: plain SGD)")
+  local_epochs: int = field(1, "local epochs E")
+  batch_size: int = field(10, "local minibatch size B")
+  gumbel_temperature: float = field(1.0, "tau of the Gumbel-softmax")
+  head_mix: float = field(0.5, "the uploaded head is head_mix W^hp + (1 - "
+      "head_mix) W^hg")
+  eval_epochs: int | None = field(None, "a held-out client's epochs on its "
+      "support set (default: local_epochs)")
+  eval_noise: bool = field(True, "Gumbel noise at prediction too (the code's "
+      "behaviour)")
 
   def __post_init__(self):
     if self.lam < 0 or not self.lr > 0 or not 0 <= self.momentum < 1:

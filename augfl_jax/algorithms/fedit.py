@@ -27,6 +27,7 @@ from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
 from augfl_jax.algorithms import averaging, base
 from augfl_jax.models import lora
+from augfl_jax.fields import field
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "backbone"
@@ -34,23 +35,15 @@ PM_ROLE = "backbone"
 
 @dataclasses.dataclass(frozen=True)
 class FedITConfig:
-  """Hyper-parameters of FedIT.
+  """Hyper-parameters of FedIT (LoRA adapters of the frozen PM)."""
 
-  Attributes:
-    rank, lora_alpha, targets: the LoRA adapters (``models.lora.LoRAConfig``;
-      the FedOA paper's rank 8 and alpha 16; targets default to every Dense
-      and Conv kernel).
-    lr: client SGD step.
-    local_epochs: E, epochs over the client's data per round (paper: 2).
-    batch_size: B (paper: 32).
-  """
-
-  rank: int = 8
-  lora_alpha: float = 16.0
-  targets: tuple[str, ...] = ("*",)
-  lr: float = 0.05
-  local_epochs: int = 2
-  batch_size: int = 32
+  rank: int = field(8, "LoRA rank (the FedOA paper's 8)")
+  lora_alpha: float = field(16.0, "LoRA alpha (the FedOA paper's 16)")
+  targets: tuple[str, ...] = field(("*",), "the kernels that get adapters "
+      "(fnmatch patterns of their paths; * is every Dense and Conv kernel)")
+  lr: float = field(0.05, "client SGD step size")
+  local_epochs: int = field(2, "local epochs E (the paper's 2)")
+  batch_size: int = field(32, "local minibatch size B (the paper's 32)")
 
   def __post_init__(self):
     object.__setattr__(self, "targets", self.lora.targets)  # validates LoRA

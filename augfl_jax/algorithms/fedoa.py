@@ -55,6 +55,7 @@ from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models, tree
 from augfl_jax.algorithms import averaging, base, fedit, fedoa_personal
 from augfl_jax.models import lora
+from augfl_jax.fields import field
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "backbone"
@@ -68,24 +69,21 @@ _EVAL_TAG = 0x7EA1
 
 @dataclasses.dataclass(frozen=True)
 class FedOAConfig(fedit.FedITConfig):
-  """FedIT's hyper-parameters (global adapter) plus the personal adapter's.
+  """FedIT's hyper-parameters (the global adapter) plus the personal
+  adapter's."""
 
-  Attributes:
-    lam: weight lambda of the feature-distance regulariser (paper: 0.5).
-    distance: ``"l2"`` (``||h_p - h_g||_2`` per example, the paper's) or
-      ``"squared_l2"``.
-    reduction: ``"mean"`` or ``"sum"`` of the per-example distances over the
-      real examples of a minibatch.
-    anchor: ``"received"`` (phi_g^{t-1}, Algorithm 1) or ``"updated"``
-      (the client's updated global copy of this round).
-    personal_lr: step of the personal adapter's SGD; ``None`` means ``lr``.
-  """
-
-  lam: float = 0.5
-  distance: str = "l2"
-  reduction: str = "mean"
-  anchor: str = "received"
-  personal_lr: float | None = None
+  lam: float = field(0.5, "weight lambda of the feature-distance regulariser "
+      "(the paper's 0.5)")
+  distance: str = field("l2", "D of the personal objective: squared_l2 (||h_p "
+      "- h_g||^2 per example: the gradient in the paper's appendix) or l2 "
+      "(its prose's L2-distance)", choices=DISTANCES)
+  reduction: str = field("mean", "mean or sum of the per-example distances "
+      "over a minibatch's real examples", choices=REDUCTIONS)
+  anchor: str = field("received", "the global features the personal adapter "
+      "is pulled to: received (phi_g^{t-1}, Algorithm 1) or updated (this "
+      "round's global copy)", choices=ANCHORS)
+  personal_lr: float | None = field(None, "step size of the personal "
+      "adapter's SGD (default: lr)")
 
   def __post_init__(self):
     super().__post_init__()

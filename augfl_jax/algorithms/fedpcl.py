@@ -62,6 +62,7 @@ from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local
 from augfl_jax.algorithms import (averaging, base, fedpcl_contrastive,
                                   prototypes)
+from augfl_jax.fields import field
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "encoder"
@@ -71,24 +72,18 @@ EVAL_SALT = 0x7FFFFFF1
 
 @dataclasses.dataclass(frozen=True)
 class FedPCLConfig:
-  """Hyper-parameters.
+  """Hyper-parameters of FedPCL."""
 
-  Attributes:
-    temperature: tau of the contrastive losses (the code: 0.07).
-    lr, momentum: client SGD on the projector.
-    local_epochs, batch_size: E and B.
-    proto_weighting: ``"count"`` or ``"uniform"`` (the code).
-    eval_epochs: a held-out client's epochs on its support set (None:
-      ``local_epochs``).
-  """
-
-  temperature: float = 0.07
-  lr: float = 0.01
-  momentum: float = 0.5
-  local_epochs: int = 1
-  batch_size: int = 10
-  proto_weighting: str = "count"
-  eval_epochs: int | None = None
+  temperature: float = field(0.07, "tau of the contrastive losses (the code: "
+      "0.07)")
+  lr: float = field(0.01, "client SGD step size on the projector")
+  momentum: float = field(0.5, "client SGD momentum")
+  local_epochs: int = field(1, "local epochs E")
+  batch_size: int = field(10, "local minibatch size B")
+  proto_weighting: str = field("count", "count or uniform (the code)",
+      choices=prototypes.WEIGHTINGS)
+  eval_epochs: int | None = field(None, "a held-out client's epochs on its "
+      "support set (default: local_epochs)")
 
   def __post_init__(self):
     if not (self.temperature > 0 and self.lr > 0 and

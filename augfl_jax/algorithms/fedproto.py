@@ -53,6 +53,7 @@ import optax
 from augfl_jax import clients as clients_lib
 from augfl_jax import evaluation, local, models
 from augfl_jax.algorithms import averaging, base, prototypes
+from augfl_jax.fields import field
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "none"
@@ -63,33 +64,26 @@ EVAL_SALT = 0x7FFFFFF0  # folded into the root key for held-out clients
 
 @dataclasses.dataclass(frozen=True)
 class FedProtoConfig:
-  """Hyper-parameters (defaults: the public FedProto code).
+  """Hyper-parameters of FedProto (defaults: its public code)."""
 
-  Attributes:
-    lam: weight of the prototype regulariser (paper: 1 for images).
-    lr, momentum: client SGD (momentum 0 is plain SGD).
-    local_epochs, batch_size: E and B of local training.
-    distance: ``"mse"`` (mean over feature dims, the code) or
-      ``"squared_l2"``.
-    proto_weighting: ``"count"`` (per-class example counts) or ``"uniform"``
-      (the code's plain mean over clients holding the class).
-    new_client_init: ``"initial"`` or ``"mean"`` (module docstring).
-    eval_epochs: epochs of a held-out client on its support set (None:
-      ``local_epochs``).
-    restrict_to_local_classes: nearest-prototype prediction only among the
-      classes of the client's own (support) data.
-  """
-
-  lam: float = 1.0
-  lr: float = 0.01
-  momentum: float = 0.5
-  local_epochs: int = 1
-  batch_size: int = 4
-  distance: str = "mse"
-  proto_weighting: str = "count"
-  new_client_init: str = "initial"
-  eval_epochs: int | None = None
-  restrict_to_local_classes: bool = False
+  lam: float = field(1.0, "weight of the prototype regulariser (the paper: 1 "
+      "for images)")
+  lr: float = field(0.01, "client SGD step size")
+  momentum: float = field(0.5, "client SGD momentum (0: plain SGD)")
+  local_epochs: int = field(1, "local epochs E")
+  batch_size: int = field(4, "local minibatch size B")
+  distance: str = field("mse", "the prototype distance: mse (mean over "
+      "feature dimensions, the code) or squared_l2", choices=DISTANCES)
+  proto_weighting: str = field("count", "count (per-class example counts) or "
+      "uniform (the code's plain mean over the clients holding the class)",
+      choices=prototypes.WEIGHTINGS)
+  new_client_init: str = field("initial", "where a held-out client starts: "
+      "initial (theta^0) or mean (the mean of the clients' models)",
+      choices=NEW_CLIENT_INITS)
+  eval_epochs: int | None = field(None, "a held-out client's epochs on its "
+      "support set (default: local_epochs)")
+  restrict_to_local_classes: bool = field(False, "predict the nearest "
+      "prototype among the classes of the client's own support set only")
 
   def __post_init__(self):
     if self.lam < 0 or not self.lr > 0 or not 0 <= self.momentum < 1:

@@ -27,6 +27,7 @@ from augfl_jax import clients as clients_lib
 from augfl_jax import hvp as hvp_lib
 from augfl_jax import local
 from augfl_jax.algorithms import averaging, base
+from augfl_jax.fields import field
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
 
 PM_ROLE = "none"
@@ -35,17 +36,18 @@ VARIANTS = ("fo", "hf")
 
 @dataclasses.dataclass(frozen=True)
 class PerFedAvgConfig:
-  """Attributes: ``alpha`` (inner step), ``beta`` (outer step),
-  ``local_steps`` (tau), ``batch_size``, ``variant`` ("fo" | "hf"),
-  ``hvp`` ("finite_difference" | "exact") and ``hf_delta``."""
+  """Hyper-parameters of Per-FedAvg (Fallah et al. 2020)."""
 
-  alpha: float = 0.03
-  beta: float = 0.05
-  local_steps: int = 5
-  batch_size: int = 10
-  variant: str = "hf"
-  hvp: str = "finite_difference"
-  hf_delta: float = 1e-3
+  alpha: float = field(0.03, "inner step size alpha (also the held-out "
+      "clients' adaptation step)")
+  beta: float = field(0.05, "outer step size beta")
+  local_steps: int = field(5, "local meta steps tau per round")
+  batch_size: int = field(10, "minibatch size of each of D, D', D''")
+  variant: str = field("hf", "fo (first order) or hf (Hessian-free: a "
+      "finite-difference Hessian-vector product)", choices=VARIANTS)
+  hvp: str = field("finite_difference", "hf's Hessian-vector product: "
+      "finite_difference or exact", choices=hvp_lib.HVP_METHODS)
+  hf_delta: float = field(1e-3, "hf's finite-difference step")
 
   def __post_init__(self):
     if not (self.alpha > 0 and self.beta > 0 and self.hf_delta > 0):
