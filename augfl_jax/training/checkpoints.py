@@ -60,6 +60,11 @@ class RunCheckpoints:
             enable_async_checkpointing=True,
             cleanup_tmp_directories=True))
 
+  def reload(self) -> None:
+    """Reads the steps on disk again (after the directory was cleared by
+    ``--overwrite``, the cached steps would refuse to save them again)."""
+    self._manager.reload()
+
   def steps(self) -> list[int]:
     """The finished steps, ascending."""
     return sorted(self._manager.all_steps())
