@@ -412,6 +412,20 @@ def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
   assert sorted(os.listdir(root)) == ["step_12", "step_9"]
 
 
+def test_a_save_keeps_the_metadata_as_it_was_when_saved(tmp_path):
+  """Saves run in the background: a list the caller changes after save()
+  returned (the loop's pending training losses) is saved as it was."""
+  manager = checkpoints.RunCheckpoints(str(tmp_path / "ckpt"))
+  pending = [1.0]
+  for step in range(1, 4):
+    manager.save(step, _tree(float(step)), {"pending": pending})
+    pending.append(2.0)
+  manager.wait()
+  assert [manager.read_meta(s)["pending"] for s in (2, 3)] == [
+      [1.0, 2.0], [1.0, 2.0, 2.0]]
+  manager.close()
+
+
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(
     tmp_path, damage):

@@ -13,6 +13,7 @@ previous step, saying so, when the newest is truncated or corrupt.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from typing import Any, Callable
@@ -77,9 +78,11 @@ class RunCheckpoints:
     The arrays are on the host when this returns (``state`` may then be
     donated); :meth:`wait` waits for the files."""
     os.makedirs(self.directory, exist_ok=True)
+    # A copy taken now: the save runs in the background, and the caller may
+    # change what ``meta`` holds (the loop appends to its pending losses).
+    meta = json.loads(json.dumps({**meta, "checksums": checksums(state)}))
     self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave({**meta, "checksums": checksums(state)})),
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
         force=True)
     return self.path(step)
 
