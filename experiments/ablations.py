@@ -128,7 +128,7 @@ def main(argv):
               checkpoint_every=FLAGS.checkpoint_every)
     return out
 
-  print(f"results and plots in {run_flags.run_command(body)}")
+  print(f"results and plots in {sweep.run_comparison(body)}")
 
 
 if __name__ == "__main__":

@@ -250,7 +250,7 @@ def main(argv):
                    sweep.parse_list(FLAGS.seeds, int, "seeds"), out, protocol,
                    checkpoint_every=FLAGS.checkpoint_every)
 
-  text = run_flags.run_command(body)
+  text = sweep.run_comparison(body)
   print(text)
   print(f"tables and runs in {out}")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import itertools
 import os
+import sys
 from typing import Any, Callable
 
 from absl import flags
@@ -196,6 +197,22 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
   return rows
 
 
+def run_comparison(body: Callable[[], Any]) -> Any:
+  """A comparison command's ``body()`` under ``run_flags.run_command``;
+  SIGINT/SIGTERM stops it after the current round of the current run (its
+  state saved) with one line saying how to continue, exit 128 + signal."""
+  try:
+    return run_flags.run_command(body)
+  except training.RunInterrupted as e:
+    print(f"interrupted: {e}; run the same command again to continue",
+          file=sys.stderr)
+    sys.exit(128 + e.signum)
+  except KeyboardInterrupt:
+    print("interrupted at once (second signal); run the same command again "
+          "to continue from the newest checkpoints", file=sys.stderr)
+    sys.exit(130)
+
+
 def check_run_control() -> None:
   """A comparison command decides itself whether each run is fresh,
   reused or resumed: ``--resume`` and ``--overwrite`` are refused."""
@@ -249,7 +266,7 @@ def main(argv):
     write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
                  f"{base.rounds} rounds")
 
-  run_flags.run_command(body)
+  run_comparison(body)
 
 
 if __name__ == "__main__":

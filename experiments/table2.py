@@ -138,7 +138,7 @@ def main(argv):
                                                      "seeds"), out,
                      checkpoint_every=FLAGS.checkpoint_every)
 
-  print(run_flags.run_command(body))
+  print(sweep.run_comparison(body))
   print(f"table and runs in {out}")
 
 

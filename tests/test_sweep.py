@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -97,3 +98,30 @@ def test_cli_writes_its_tables_and_bad_grids_are_one_line(tmp_path,
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), lines
+
+
+def test_sigint_stops_a_sweep_in_one_line_and_a_rerun_continues(
+    tmp_path, compile_cache):
+  args = [sys.executable, "-m", "experiments.sweep", "--grid=augfl.rho=0.7",
+          "--seeds=0", "--rounds=100", "--eval_every=100", "--augfl.lam=0",
+          f"--output_dir={tmp_path}"]
+  env = {**os.environ, "XDG_CACHE_HOME": compile_cache,
+         "PYTHONUNBUFFERED": "1"}
+  proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    for line in proc.stdout:
+      if line.startswith("[1/1]"):
+        break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 128 + signal.SIGINT, err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("interrupted"), lines
+  assert "run the same command again to continue" in lines[0]
+  result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "| augfl.rho=0.7 |" in result.stdout
