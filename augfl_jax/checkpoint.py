@@ -31,19 +31,15 @@ its structure, with shapes checked against it and values cast to its dtypes
 (``jax.Array`` leaves where ``like`` has ``jax.Array`` or
 ``ShapeDtypeStruct`` leaves, numpy where it has numpy).
 
-Numbered checkpoints (a run's state every N rounds): :func:`save_step` writes
-``<root>/step_<step>`` (atomically, as :func:`save`) and only then deletes the
-older ones beyond ``keep``, so at every instant the newest complete
-checkpoint is readable; :func:`latest_step` finds it. A crash mid-save leaves
-at worst a temporary directory that :func:`all_steps` ignores and the next
-:func:`save_step` removes.
+A run's numbered checkpoints (its state every N rounds, the newest two kept,
+verified on restore) are :mod:`augfl_jax.training.checkpoints`, on orbax's
+``CheckpointManager``; this module keeps single checkpoints such as a PM's.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import uuid
 from typing import Any, Mapping
@@ -53,8 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-__all__ = ["save", "restore", "restore_metadata", "exists", "step_path",
-           "all_steps", "latest_step", "save_step"]
+__all__ = ["save", "restore", "restore_metadata", "exists"]
 
 _STATE = "state"
 _METADATA = "metadata"
@@ -192,65 +187,3 @@ def _check_like(path: str, like: Any, tree: Any) -> Any:
     raise ValueError(f"The checkpoint at {path} does not fit the requested "
                      f"structure: {'; '.join(wrong)}")
   return jax.tree.unflatten(jax.tree.structure(like), out)
-
-
-# ----------------------------------------------------------------------------
-# Numbered checkpoints under one root directory.
-
-_STEP_PREFIX = "step_"
-_STEP_RE = re.compile(r"^step_(\d+)$")
-
-
-def step_path(root: str | os.PathLike, step: int) -> str:
-  """``<root>/step_<step>`` (zero-padded to 8 digits, so names sort)."""
-  return os.path.join(_abspath(root), f"{_STEP_PREFIX}{int(step):08d}")
-
-
-def all_steps(root: str | os.PathLike) -> list[int]:
-  """The steps of the finalised checkpoints under ``root``, ascending
-  (temporaries of an unfinished save are not listed; ``[]`` if ``root`` is
-  missing)."""
-  path = _abspath(root)
-  if not os.path.isdir(path):
-    return []
-  steps = [int(m.group(1)) for m in map(_STEP_RE.match, os.listdir(path))
-           if m and os.path.isdir(os.path.join(path, m.group(0)))]
-  return sorted(steps)
-
-
-def latest_step(root: str | os.PathLike) -> int | None:
-  """The newest finalised checkpoint's step under ``root``, or ``None``."""
-  steps = all_steps(root)
-  return steps[-1] if steps else None
-
-
-def save_step(root: str | os.PathLike, step: int, tree: Any,
-              metadata: Mapping[str, Any], *, keep: int = 1) -> str:
-  """Saves ``tree`` and ``metadata`` as checkpoint ``step`` under ``root``.
-
-  The new checkpoint is complete (atomically renamed into place) before any
-  older one is deleted; then only the newest ``keep`` checkpoints (by step)
-  stay, and leftovers of interrupted saves are removed. Saving a step that
-  exists replaces it atomically.
-
-  Args:
-    root: the directory holding the numbered checkpoints.
-    step: a non-negative int (e.g. the round).
-    tree, metadata: as :func:`save`.
-    keep: how many of the newest checkpoints to keep, >= 1.
-
-  Returns:
-    The path of the new checkpoint.
-  """
-  if step < 0 or keep < 1:
-    raise ValueError(f"step must be >= 0 and keep >= 1, got {step}, {keep}")
-  path = step_path(root, step)
-  save(path, tree, metadata, overwrite=True)
-  root = _abspath(root)
-  steps = all_steps(root)
-  for old in steps[:-keep] if len(steps) > keep else []:
-    shutil.rmtree(step_path(root, old), ignore_errors=True)
-  for name in os.listdir(root):  # leftovers of interrupted saves
-    if name.startswith(_STEP_PREFIX) and not _STEP_RE.match(name):
-      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-  return path

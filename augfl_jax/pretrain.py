@@ -399,16 +399,16 @@ def _retrain_hint(directory: str, expected: Mapping[str, Any]) -> str:
   args = [f"--dataset={expected['dataset']}"] if "dataset" in expected else []
   arch = expected.get("architecture")
   if isinstance(arch, dict):
-    args.append(f"--pm_model={arch.get('model')}")
+    args.append(f"--pm.model={arch.get('model')}")
     kwargs = {k: v for k, v in arch.get("kwargs", {}).items()
               if k != "num_classes"}
     if kwargs:
-      args.append(f"--pm_kwargs='{json.dumps(kwargs)}'")
+      args.append(f"--pm.kwargs='{json.dumps(kwargs)}'")
   for field in ("server_size", "split_seed"):
     if field in expected:
-      flag = "seed" if field == "split_seed" else field
+      flag = "seed" if field == "split_seed" else "data." + field
       args.append(f"--{flag}={expected[field]}")
-  args.append(f"--pm_dir={directory}")
+  args.append(f"--pm.dir={directory}")
   return "python -m experiments.pretrain_pm " + " ".join(args)
 
 
@@ -442,7 +442,7 @@ def load_pm(directory: str | os.PathLike, expected: Mapping[str, Any], *,
     raise PMCheckpointMismatch(
         f"PM checkpoint at {path} was trained for {have}; this run needs "
         f"{need}: retrain it with {_retrain_hint(path, expected)} or pass "
-        "another --pm_dir")
+        "another --pm.dir")
   params, metadata = checkpoint.restore(directory, like)
   return params, metadata
 

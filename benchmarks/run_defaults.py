@@ -1,7 +1,8 @@
 r"""Whole runs of ``python -m experiments.run`` under several flag sets.
 
   python -m benchmarks.run_defaults \
-      --common="--dataset=digits --model=cnn --lam=0 --alpha=0.03 --rho=0.7 --rounds=30" \
+      --common="--dataset=digits --model=cnn --augfl.lam=0 --augfl.alpha=0.03 \
+                --augfl.rho=0.7 --rounds=30" \
       --variants="vmap_xla=--strategy=vmap --conv_impl=xla;auto=" \
       --repeats=2 --output=defaults_cnn.json
 

@@ -3,10 +3,11 @@ r"""The paper's ablations of knowledge transfer, as commands.
   python -m experiments.ablations --study=kt       # Fig. 7: KT on/off/only
   python -m experiments.ablations --study=lam      # Fig. 8: lambda 0,1,5,10,20
   python -m experiments.ablations --study=lam --lams=0,5    # other lambdas
+  python -m experiments.ablations --study=kt --crd.nce_k=4096 --rounds=100
   python -m experiments.ablations --study=pm_size  # Fig. 9: PM sizes
 
 Every ``experiments.run`` flag applies to every cell (``--dataset``,
-``--rounds``, ...). Each (cell, seed) run lands in
+``--rounds``, ``--crd.nce_k``, ...). Each (cell, seed) run lands in
 ``--output_dir/<cell>/seed<seed>`` (reused when done), and the study writes
 ``results.csv``, ``results.md`` (final test-client accuracy, mean ± std over
 ``--seeds``) and ``curves.png`` (learning curves, mean ± std over seeds);
@@ -15,10 +16,8 @@ the lambda study also ``accuracy_vs_lambda.png``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
-from absl import app
 from absl import flags
 import matplotlib
 
@@ -26,12 +25,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from experiments import plot
-from experiments import run as run_flags  # defines the run flags
-from experiments import runner, sweep
-from experiments.config import RunConfig
+from augfl_jax import fields, training
+from experiments import flags as run_flags
+from experiments import plot, sweep
 
-# PMs of three sizes per kind of dataset (Fig. 9): (pm_model, pm_kwargs).
+# PMs of three sizes per kind of dataset (Fig. 9): (pm.model, pm.kwargs).
 PM_SIZES = {
     "digits": [("mlp", '{"hidden": [64]}'), ("cnn", None),
                ("cnn", '{"widths": [64, 128], "dense": 1024}')],
@@ -46,35 +44,36 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  """This command's flags (the run flags come with ``experiments.run``);
-  defined only when it runs, so that importing the module defines none."""
+  """This command's flags and the run flags; defined only when it runs, so
+  that importing the module defines none."""
+  sweep.define_command_flags()
   flags.DEFINE_enum("study", "kt", STUDIES, "which ablation")
   flags.DEFINE_list("lams", [f"{lam:g}" for lam in LAMS],
-                    "the lambda study's values of --lam")
+                    "the lambda study's values of --augfl.lam")
   sweep.define_seeds_flag()
 
 
 def study_cells(study: str, dataset: str,
-                lams: tuple[float, ...] = LAMS) -> list[dict[str, object]]:
-  """The cells (RunConfig field overrides) of one study."""
+                lams: tuple[float, ...] = LAMS) -> list[sweep.Cell]:
+  """The cells (dotted RunConfig field overrides) of one study."""
   if study not in STUDIES:
     raise ValueError(f"unknown study {study!r}; choose one of "
                      f"{', '.join(STUDIES)}")
   if study == "kt":
-    return [{"algorithm": "augfl", "lam": 0.0},
-            {"algorithm": "augfl", "lam": 5.0},
-            {"algorithm": "kt_only", "lam": 5.0}]
+    return [{"algorithm": "augfl", "augfl.lam": 0.0},
+            {"algorithm": "augfl", "augfl.lam": 5.0},
+            {"algorithm": "kt_only", "augfl.lam": 5.0}]
   if study == "lam":
-    return [{"algorithm": "augfl", "lam": float(lam)} for lam in lams]
+    return [{"algorithm": "augfl", "augfl.lam": float(lam)} for lam in lams]
   sizes = PM_SIZES.get(dataset, PM_SIZES["images"])
-  return [{"algorithm": "augfl", "pm_model": name,
-           **({"pm_kwargs": kwargs} if kwargs else {})}
+  return [{"algorithm": "augfl", "pm.model": name,
+           **({"pm.kwargs": kwargs} if kwargs else {})}
           for name, kwargs in sizes]
 
 
 def plot_lambda(rows: list[dict[str, object]], output: str) -> None:
-  lams = sorted({float(r["lam"]) for r in rows})
-  acc = [[100 * r["final_accuracy"] for r in rows if r["lam"] == lam]
+  lams = sorted({float(r["augfl.lam"]) for r in rows})
+  acc = [[100 * r["final_accuracy"] for r in rows if r["augfl.lam"] == lam]
          for lam in lams]
   fig, ax = plt.subplots(figsize=(5, 3.5))
   ax.errorbar(range(len(lams)), [np.mean(a) for a in acc],
@@ -87,8 +86,10 @@ def plot_lambda(rows: list[dict[str, object]], output: str) -> None:
   plt.close(fig)
 
 
-def run_study(study: str, base: RunConfig, seeds: list[int], out: str,
-              lams: tuple[float, ...] = LAMS) -> list[dict[str, object]]:
+def run_study(study: str, base: training.RunConfig, seeds: list[int],
+              out: str, lams: tuple[float, ...] = LAMS,
+              checkpoint_every: int = training.CHECKPOINT_EVERY
+              ) -> list[dict[str, object]]:
   """Runs (or reuses) one study's cells under ``out/<cell>/seed<seed>`` and
   writes ``results.csv``, ``results.md``, ``curves.png`` (the lambda study
   also ``accuracy_vs_lambda.png``) to ``out``; returns one row per run.
@@ -99,8 +100,9 @@ def run_study(study: str, base: RunConfig, seeds: list[int], out: str,
   """
   cells = study_cells(study, base.dataset, lams)
   for cell in cells:  # every cell's flags, before any run
-    runner.validate(dataclasses.replace(base, **cell))
-  rows = sweep.run_cells(base, cells, seeds, out)
+    training.validate(fields.replace(base, **cell))
+  rows = sweep.run_cells(base, cells, seeds, out,
+                         checkpoint_every=checkpoint_every)
   sweep.write_tables(rows, out, f"ablation {study} on {base.dataset}, "
                      f"{base.rounds} rounds")
   label_by = list(dict.fromkeys(k for cell in cells for k in cell))
@@ -113,18 +115,22 @@ def run_study(study: str, base: RunConfig, seeds: list[int], out: str,
 
 
 def main(argv):
-  del argv
+  del argv  # flags only (run_flags.parse_flags)
+  run_flags.start_command()
 
   def body():
+    sweep.check_run_control()
     base = run_flags.config_from_flags()
-    out = FLAGS.output_dir or f"runs/ablation_{FLAGS.study}_{base.dataset}"
+    out = FLAGS.output_dir or (
+        f"runs/ablation_{FLAGS.study}_{base.dataset.replace('/', '_')}")
     run_study(FLAGS.study, base, sweep.parse_list(FLAGS.seeds, int, "seeds"),
-              out, tuple(sweep.parse_list(FLAGS.lams, float, "lams")))
+              out, tuple(sweep.parse_list(FLAGS.lams, float, "lams")),
+              checkpoint_every=FLAGS.checkpoint_every)
     return out
 
-  print(f"results and plots in {sweep.run_command(body)}")
+  print(f"results and plots in {sweep.run_comparison(body)}")
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  run_flags.main_runner(main)

@@ -26,12 +26,14 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "configs")
 
 
-def define_config_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+def define_config_flags(only: tuple[str, ...] | None = None,
+                        flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines one flag per leaf field of ``RunConfig`` in ``flag_values``
-  (once)."""
-  if "augfl.rho" in flag_values:
-    return
+  (each once); ``only``: just the fields of these dotted names
+  (``experiments.pretrain_pm``)."""
   for name, f, owner, value in fields.walk(training.RunConfig()):
+    if name in flag_values or (only is not None and name not in only):
+      continue
     kind = fields.leaf_type(owner, f.name)
     text = fields.help_text(f) or f.name
     define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
@@ -68,10 +70,13 @@ def define_run_control_flags() -> None:
 
 def config_from_flags(flag_values: flags.FlagValues = FLAGS
                      ) -> training.RunConfig:
-  """The ``RunConfig`` the flags describe (not yet resolved)."""
+  """The ``RunConfig`` the flags describe (not yet resolved); a field
+  without a flag keeps its default."""
   config = training.RunConfig()
   changes = {}
   for name, _, owner, value in fields.walk(config):
+    if name not in flag_values:
+      continue
     flag = flag_values[name].value
     if fields.leaf_type(owner, name.rpartition(".")[2]) is tuple:
       flag = tuple(flag) if flag is not None else None
@@ -151,14 +156,21 @@ def run_command(body: Callable[[], Any]) -> Any:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a flag that cannot be parsed (``--rounds=1.5``,
-  ``--augfl.rho=abc``, an unknown flag) is one line on stderr and exit 2."""
+  ``--augfl.rho=abc``, an unknown flag) or an argument that is not a flag
+  (the commands take none) is one line on stderr and exit 2."""
   try:
-    return FLAGS(argv)
+    rest = FLAGS(argv)
   except flags.Error as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     sys.exit(2)
+  if len(rest) > 1:
+    print(f"error: unexpected arguments: {' '.join(rest[1:])} (every "
+          "option is a --flag)", file=sys.stderr)
+    sys.exit(2)
+  return rest
 
 
 def main_runner(main: Callable[[list[str]], None]) -> None:
-  """``app.run(main)`` with :func:`parse_flags`."""
+  """``app.run(main)`` with :func:`parse_flags` (for a command that takes
+  flags only)."""
   app.run(main, flags_parser=parse_flags)

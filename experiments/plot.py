@@ -48,18 +48,29 @@ def load_run(run_dir: str) -> tuple[dict, list[dict]]:
   return config, records
 
 
+def config_value(config: dict, name: str):
+  """The value of field ``name`` (a dotted path such as ``augfl.lam``) in a
+  run's nested ``config.json``; ``None`` when it has none."""
+  for part in name.split("."):
+    if not isinstance(config, dict):
+      return None
+    config = config.get(part)
+  return config
+
+
 def group_curves(run_dirs: Sequence[str], label_by: Sequence[str]):
   """``{label: (rounds, accuracy [seeds, T], train_loss [seeds, T])}``.
 
-  Runs of one label are cut to the rounds they all have.
+  ``label_by``: config fields by their dotted names. Runs of one label are
+  cut to the rounds they all have.
   """
   grouped = collections.defaultdict(list)
   for run_dir in run_dirs:
     config, records = load_run(run_dir)
     if not records:
       continue
-    label = ", ".join(f"{config.get(k)}" if len(label_by) == 1 else
-                      f"{k}={config.get(k)}" for k in label_by)
+    label = ", ".join(f"{config_value(config, k)}" if len(label_by) == 1 else
+                      f"{k}={config_value(config, k)}" for k in label_by)
     grouped[label].append(records)
   curves = {}
   for label, runs in grouped.items():
@@ -106,6 +117,7 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_string("output", "curves.png", "PNG file to write")
   flags.DEFINE_list("label_by", ["algorithm"],
-                    "config fields that name a curve")
+                    "config fields that name a curve (dotted names: "
+                    "augfl.lam)")
   flags.DEFINE_string("title", "", "figure title")
   app.run(main)

@@ -1,37 +1,44 @@
-r"""A grid of runs over flag values and seeds, with a table of the results.
+r"""A grid of runs over configuration fields and seeds, with a table.
 
   python -m experiments.sweep --algorithm=augfl \
-      --grid="rho=0.7,0.2,0.05;alpha=0.03,0.1" --seeds=0,1,2 \
+      --grid="augfl.rho=0.7,0.2,0.05;eval.alpha=0.03,0.1" --seeds=0,1,2 \
       --output_dir=runs/sweep_augfl
 
-Every other ``experiments.run`` flag (``--dataset``, ``--rounds``, ...) applies
-to every cell. Each (cell, seed) run writes its own directory under
-``--output_dir``; a finished run of the same configuration is reused and
-an interrupted one continues from its checkpoint, so an interrupted sweep
-resumes (a larger ``--rounds`` trains the finished runs further). Writes
-``results.csv`` (one row per run) and ``results.md`` (final test-client
-accuracy, mean ± std over seeds, per cell).
+``--grid`` names ``RunConfig`` fields by their dotted paths, as the flags of
+``experiments.run`` do; every other run flag (``--dataset``, ``--rounds``,
+``--augfl.lam``, ...) applies to every cell. Each (cell, seed) run writes its
+own directory under ``--output_dir``; a finished run of the same
+configuration is reused and an interrupted one continues from its
+checkpoint, so an interrupted sweep resumes (a larger ``--rounds`` trains the
+finished runs further). Writes ``results.csv`` (one row per run) and
+``results.md`` (final test-client accuracy, mean ± std over seeds, per cell).
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import itertools
-import json
 import os
 import sys
 from typing import Any, Callable
 
-from absl import app
 from absl import flags
 import numpy as np
 
-from experiments import run as run_flags  # defines the run flags
-from experiments import runner
-from experiments.config import RunConfig
+from augfl_jax import fields, training
+from augfl_jax.training import checkpoints, outputs
+from experiments import flags as run_flags
 
 FLAGS = flags.FLAGS
+Cell = dict[str, Any]  # dotted RunConfig field -> value
+
+
+def define_command_flags() -> None:
+  """The run flags of every comparison command (``--output_dir``, the
+  compilation cache, ``--checkpoint_every`` and every ``RunConfig``
+  field); defined only when a command runs."""
+  run_flags.define_config_flags()
+  run_flags.define_run_control_flags()
 
 
 def define_seeds_flag() -> None:
@@ -48,82 +55,126 @@ def parse_list(values: list[str], cast: type, flag: str) -> list:
                      f"commas, got {','.join(values)!r}") from None
 
 
-def parse_grid(text: str) -> list[dict[str, object]]:
-  """'a=1,2;b=x' -> [{'a': 1, 'b': 'x'}, {'a': 2, 'b': 'x'}] (typed by field)."""
-  types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+def _cast(kind: type, text: str, name: str) -> Any:
+  """``text`` as a value of a field of type ``kind``."""
+  if kind is bool:
+    if text.lower() in ("1", "true"):
+      return True
+    if text.lower() in ("0", "false"):
+      return False
+    raise ValueError(f"--grid: {name} takes true or false, got {text!r}")
+  if kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      raise ValueError(f"--grid: {name} takes {kind.__name__} values, got "
+                       f"{text!r}") from None
+  if kind is tuple:
+    raise ValueError(f"--grid: {name} is a list field; set it with its flag")
+  return text
+
+
+def parse_grid(text: str) -> list[Cell]:
+  """``"augfl.rho=0.7,0.2;algorithm=augfl"`` -> ``[{"augfl.rho": 0.7,
+  "algorithm": "augfl"}, {"augfl.rho": 0.2, "algorithm": "augfl"}]``, each
+  value typed by its field (``fields.leaf_type``)."""
+  default = training.RunConfig()
+  leaves = {name: owner for name, _, owner, _ in fields.walk(default)}
   axes = []
   for part in filter(None, (p.strip() for p in text.split(";"))):
     name, _, values = part.partition("=")
     name = name.strip()
-    if name not in types or not values:
-      raise ValueError(f"bad --grid entry {part!r}: expected name=v1,v2 with a "
-                       f"name among {', '.join(types)}")
-    cast = {"int": int, "float": float,
-            "bool": lambda v: v.lower() in ("1", "true")}.get(
-                types[name].replace(" | None", ""), str)
-    axes.append([(name, cast(v.strip())) for v in values.split(",")])
+    if name not in leaves or not values:
+      raise ValueError(f"bad --grid entry {part!r}: expected name=v1,v2 with "
+                       "a dotted RunConfig field as name (e.g. augfl.rho, "
+                       "eval.alpha, data.M, rounds)")
+    kind = fields.leaf_type(leaves[name], name.rpartition(".")[2])
+    axes.append([(name, _cast(kind, v.strip(), name))
+                 for v in values.split(",")])
   return [dict(cell) for cell in itertools.product(*axes)]
 
 
-def cell_name(cell: dict[str, object]) -> str:
-  return "_".join(f"{k}={v}" for k, v in cell.items()).replace("/", "-") or "base"
+def cell_name(cell: Cell) -> str:
+  return ("_".join(f"{k}={v}" for k, v in cell.items()).replace("/", "-")
+          or "base")
 
 
-def finished_run(run_dir: str, config: RunConfig) -> dict[str, Any] | None:
+def finished_run(run_dir: str, config: training.RunConfig
+                ) -> dict[str, Any] | None:
   """The summary of the run in ``run_dir`` if it is ``config``'s and has
   done ``config.rounds`` rounds; ``None`` if it must run (absent,
   interrupted, or fewer rounds: it continues).
 
   Raises:
     ValueError: ``run_dir`` holds a run of another configuration (fields
-      outside ``runner.RESUMABLE_FIELDS`` differ).
+      outside ``RESUMABLE_FIELDS`` differ, or a ``config.json`` this
+      version cannot read).
   """
-  summary_path = os.path.join(run_dir, "summary.json")
-  if not os.path.exists(summary_path):
-    return None
-  with open(os.path.join(run_dir, "config.json")) as f:
-    saved = json.load(f)
-  diff = runner.config_diff(saved, runner.validate(config),
-                            runner.RESUMABLE_FIELDS)
+  out = outputs.OutputDir(run_dir)
+  if "summary.json" not in out.own_files() or not os.path.exists(
+      out.file("summary.json")):
+    return None  # the run decides: a fresh run, or a refused directory
+  try:
+    saved = fields.from_dict(training.RunConfig, out.read_json("config.json"))
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ValueError(f"{run_dir} holds a run whose config.json does not "
+                     f"read as a RunConfig ({e}); choose another "
+                     "--output_dir or remove that run") from None
+  diff = fields.diff(saved, training.validate(config),
+                     training.RESUMABLE_FIELDS)
   if diff:
     raise ValueError(f"{run_dir} holds a run of another configuration "
                      f"({'; '.join(diff)}); choose another --output_dir or "
                      "remove that run")
-  with open(summary_path) as f:
-    summary = json.load(f)
+  summary = out.read_json("summary.json")
   return summary if summary["rounds"] == config.rounds else None
 
 
-def run_cells(base: RunConfig, cells: list[dict[str, object]],
-              seeds: list[int], out: str,
-              names: list[str] | None = None,
-              transform: Callable[[RunConfig], Callable[..., Any] | None]
-              | None = None) -> list[dict[str, object]]:
+def resumable(run_dir: str) -> bool:
+  """Whether ``run_dir`` holds a run of this tool with a checkpoint."""
+  out = outputs.OutputDir(run_dir)
+  root = out.file("checkpoints")
+  if "checkpoints" not in out.own_files() or not os.path.isdir(root):
+    return False
+  manager = checkpoints.RunCheckpoints(root)
+  try:
+    return bool(manager.steps())
+  finally:
+    manager.close()
+
+
+def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
+              out: str, names: list[str] | None = None,
+              transform: Callable[[training.RunConfig],
+                                  Callable[..., Any] | None] | None = None,
+              checkpoint_every: int = training.CHECKPOINT_EVERY
+              ) -> list[dict[str, Any]]:
   """Runs every (cell, seed) under ``out/<name>/seed<seed>``.
 
   Args:
     base: the configuration every cell starts from.
-    cells: ``RunConfig`` field overrides, one dict per cell.
+    cells: dotted ``RunConfig`` field overrides, one dict per cell.
     seeds: the seeds of every cell.
     out: the root of the run directories.
     names: the cells' directory names (default ``cell_name(cell)``).
     transform: ``transform(config)`` gives the ``transform_data`` hook of
-      ``runner.run`` for that run (e.g. ``experiments.ood``'s held-out
+      ``training.run`` for that run (e.g. ``experiments.ood``'s held-out
       domain), or ``None``.
+    checkpoint_every: as ``training.run``'s.
 
   A finished run of the same configuration is reused (``finished_run``); an
   interrupted one, or one with fewer rounds, continues from its checkpoint.
   Prints one line per run, with ``[k/n]`` progress.
 
   Returns:
-    One row per run: ``cell``, ``seed``, the cell's fields,
+    One row per run: ``cell``, ``seed``, the cell's fields (dotted names),
     ``final_accuracy``, ``best_accuracy``, ``run_dir``.
   """
   names = names or [cell_name(cell) for cell in cells]
   rows = []
   jobs = list(itertools.product(zip(names, cells), seeds))
   for k, ((name, cell), seed) in enumerate(jobs, 1):
-    config = dataclasses.replace(base, seed=seed, **cell)
+    config = fields.replace(base, seed=seed, **cell)
     run_dir = os.path.join(out, name, f"seed{seed}")
     progress = f"[{k}/{len(jobs)}] {name} seed {seed}"
     summary = finished_run(run_dir, config)
@@ -131,10 +182,10 @@ def run_cells(base: RunConfig, cells: list[dict[str, object]],
       print(f"{progress}: reusing {run_dir}", flush=True)
     else:
       print(f"{progress} ...", flush=True)
-      resume = runner.resumable(run_dir)  # an interrupted run continues
-      summary = runner.run(
+      resume = resumable(run_dir)  # an interrupted run continues
+      summary = training.run(
           config, run_dir, log=lambda s: None, resume=resume,
-          overwrite=not resume,
+          overwrite=not resume, checkpoint_every=checkpoint_every,
           transform_data=transform(config) if transform else None)
       print(f"{progress}: final accuracy "
             f"{100 * summary['final_accuracy']:.2f} "
@@ -146,41 +197,38 @@ def run_cells(base: RunConfig, cells: list[dict[str, object]],
   return rows
 
 
-def run_command(body: Callable[[], Any]) -> Any:
-  """A comparison command's ``main`` (sweep, ablations, table2, ood): quiet
-  logs, one compilation cache for all its runs (``--compilation_cache``),
-  and ``body()``, whose bad configuration or failed run ends the process as
-  one line on stderr (exit 2) instead of a traceback."""
-  run_flags.quiet_logging()
-  if FLAGS.compilation_cache:  # the runs share compiled programs
-    run_flags.enable_compilation_cache(FLAGS.compilation_cache_dir)
+def run_comparison(body: Callable[[], Any]) -> Any:
+  """A comparison command's ``body()`` under ``run_flags.run_command``;
+  SIGINT/SIGTERM stops it after the current round of the current run (its
+  state saved) with one line saying how to continue, exit 128 + signal."""
   try:
-    return body()
-  except (ValueError, FloatingPointError, FileNotFoundError,
-          runner.data.DatasetUnavailableError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    return run_flags.run_command(body)
+  except training.RunInterrupted as e:
+    print(f"interrupted: {e}; run the same command again to continue",
+          file=sys.stderr)
+    sys.exit(128 + e.signum)
+  except KeyboardInterrupt:
+    print("interrupted at once (second signal); run the same command again "
+          "to continue from the newest checkpoints", file=sys.stderr)
+    sys.exit(130)
 
 
-def main(argv):
-  del argv
-
-  def body():
-    base = run_flags.config_from_flags()
-    out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
-    return base, out, run_cells(base, parse_grid(FLAGS.grid),
-                                parse_list(FLAGS.seeds, int, "seeds"), out)
-
-  base, out, rows = run_command(body)
-  write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
-               f"{base.rounds} rounds")
+def check_run_control() -> None:
+  """A comparison command decides itself whether each run is fresh,
+  reused or resumed: ``--resume`` and ``--overwrite`` are refused."""
+  given = [f"--{n}" for n in ("resume", "overwrite") if FLAGS[n].value]
+  if given:
+    raise ValueError(f"{' and '.join(given)}: a comparison command reuses "
+                     "finished runs and continues interrupted ones by "
+                     "itself; use another --output_dir to start afresh")
 
 
-def write_tables(rows: list[dict[str, object]], out: str, title: str) -> str:
+def write_tables(rows: list[dict[str, Any]], out: str, title: str) -> str:
   """Writes ``results.csv`` and ``results.md`` (mean ± std over seeds per
   cell) to ``out``; returns the markdown."""
   with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(f, fieldnames=list(
+        dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()
     writer.writerows(rows)
   lines = [f"{title}: final test-client accuracy (%), mean ± std over seeds",
@@ -197,8 +245,33 @@ def write_tables(rows: list[dict[str, object]], out: str, title: str) -> str:
   return text
 
 
+def main(argv):
+  del argv  # flags only (run_flags.parse_flags)
+  run_flags.start_command()
+
+  def body():
+    check_run_control()
+    base = run_flags.config_from_flags()
+    cells = parse_grid(FLAGS.grid)
+    seeds = parse_list(FLAGS.seeds, int, "seeds")
+    for cell in cells:  # every cell's configuration, before any run
+      try:
+        config = fields.replace(base, **cell)
+      except (ValueError, TypeError) as e:  # a section's own check
+        raise ValueError(f"--grid cell {cell_name(cell)}: {e}") from None
+      training.validate(config)
+    out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
+    rows = run_cells(base, cells, seeds, out,
+                     checkpoint_every=FLAGS.checkpoint_every)
+    write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
+                 f"{base.rounds} rounds")
+
+  run_comparison(body)
+
+
 if __name__ == "__main__":
+  define_command_flags()
   flags.DEFINE_string("grid", "", "cells: 'name=v1,v2;name2=w1,w2' over "
-                      "RunConfig fields")
+                      "dotted RunConfig fields (augfl.rho, eval.alpha, ...)")
   define_seeds_flag()
-  app.run(main)
+  run_flags.main_runner(main)

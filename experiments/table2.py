@@ -2,7 +2,7 @@ r"""The paper's Table II: every method on every dataset, several seeds.
 
   python -m experiments.table2 --datasets=digits --seeds=0,1,2
   python -m experiments.table2 --datasets=digits,fashion_mnist \
-      --methods=fedavg,augfl_wo_pm,augfl --data_dir=~/tfds
+      --methods=fedavg,augfl_wo_pm,augfl --data.data_dir=~/tfds
 
 Protocol (the paper's §VI-A): M = 20, two classes per client, 80% of the
 clients train and 20% are held out; every method is scored by ONE rule: a
@@ -22,16 +22,14 @@ resolved ``config.json``.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import os
 
-from absl import app
 from absl import flags
 import numpy as np
 
-from experiments import run as run_flags  # defines the run flags
-from experiments import runner, sweep
-from experiments.config import RunConfig
+from augfl_jax import fields, training
+from experiments import flags as run_flags
+from experiments import sweep
 
 # Table II's columns, then the two other methods of this library.
 METHODS = {
@@ -41,8 +39,9 @@ METHODS = {
     "fedcp": ("FedCP", {"algorithm": "fedcp"}),
     "fedlp": ("FedLP", {"algorithm": "fedlp"}),
     "fedpcl": ("FedPCL", {"algorithm": "fedpcl"}),
-    "augfl_wo_pm": ("AugFL w/o PM", {"algorithm": "augfl", "lam": 0.0}),
-    "augfl": ("AugFL w/ PM", {"algorithm": "augfl", "lam": 5.0}),
+    "augfl_wo_pm": ("AugFL w/o PM", {"algorithm": "augfl",
+                                     "augfl.lam": 0.0}),
+    "augfl": ("AugFL w/ PM", {"algorithm": "augfl", "augfl.lam": 5.0}),
     "fedbc": ("FedBC", {"algorithm": "fedbc"}),
     "fedoa": ("FedOA", {"algorithm": "fedoa"}),
 }
@@ -51,8 +50,9 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  """This command's flags (the run flags come with ``experiments.run``);
-  defined only when it runs, so that importing the module defines none."""
+  """This command's flags and the run flags; defined only when it runs, so
+  that importing the module defines none."""
+  sweep.define_command_flags()
   flags.DEFINE_list("datasets", ["digits"], "datasets (rows of the table)")
   flags.DEFINE_list("methods", list(METHODS), "methods (columns): " +
                     ", ".join(METHODS))
@@ -85,8 +85,9 @@ def write_table(rows: list[dict], datasets: list[str], methods: list[str],
   return text
 
 
-def run_table(base: RunConfig, datasets: list[str], methods: list[str],
-              seeds: list[int], out: str) -> str:
+def run_table(base: training.RunConfig, datasets: list[str],
+              methods: list[str], seeds: list[int], out: str,
+              checkpoint_every: int = training.CHECKPOINT_EVERY) -> str:
   """Runs (or reuses) every (dataset, method, seed) cell under
   ``out/<dataset>/<method>/seed<seed>`` and writes the table to ``out``.
 
@@ -97,6 +98,7 @@ def run_table(base: RunConfig, datasets: list[str], methods: list[str],
     methods: the columns, keys of ``METHODS``.
     seeds: the seeds of every cell.
     out: the output directory.
+    checkpoint_every: as ``training.run``'s.
 
   Returns:
     The markdown table (also in ``out/table2.md``).
@@ -112,26 +114,34 @@ def run_table(base: RunConfig, datasets: list[str], methods: list[str],
   cells = [METHODS[m][1] for m in methods]
   for dataset in datasets:  # every cell's flags, before any run
     for cell in cells:
-      runner.validate(dataclasses.replace(base, dataset=dataset, **cell))
+      training.validate(fields.replace(base, dataset=dataset, **cell))
   rows = []
   for dataset in datasets:
-    config = dataclasses.replace(base, dataset=dataset)
+    config = fields.replace(base, dataset=dataset)
     for row in sweep.run_cells(config, cells, seeds,
                                os.path.join(out, dataset.replace("/", "_")),
-                               names=methods):
+                               names=methods,
+                               checkpoint_every=checkpoint_every):
       rows.append({**row, "dataset": dataset, "method": row["cell"]})
   return write_table(rows, datasets, methods, out)
 
 
 def main(argv):
-  del argv
+  del argv  # flags only (run_flags.parse_flags)
+  run_flags.start_command()
   out = FLAGS.output_dir or "runs/table2"
-  print(sweep.run_command(lambda: run_table(
-      run_flags.config_from_flags(), FLAGS.datasets, FLAGS.methods,
-      sweep.parse_list(FLAGS.seeds, int, "seeds"), out)))
+
+  def body():
+    sweep.check_run_control()
+    return run_table(run_flags.config_from_flags(), FLAGS.datasets,
+                     FLAGS.methods, sweep.parse_list(FLAGS.seeds, int,
+                                                     "seeds"), out,
+                     checkpoint_every=FLAGS.checkpoint_every)
+
+  print(sweep.run_comparison(body))
   print(f"table and runs in {out}")
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  run_flags.main_runner(main)

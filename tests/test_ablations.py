@@ -5,7 +5,6 @@ weights in tmp_path."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import os
 import subprocess
 import sys
@@ -13,10 +12,9 @@ import sys
 import jax
 import pytest
 
-from augfl_jax import models, pretrain
-from experiments import ablations
-from experiments import config as config_lib
-from experiments import runner
+from augfl_jax import fields, models, pretrain, training
+from augfl_jax.training import presets
+from experiments import ablations, plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,12 +27,18 @@ pytestmark = pytest.mark.usefixtures("compile_cache")
 def pm_dir(tmp_path_factory):
   """An mlp PM checkpoint for digits (fresh weights)."""
   path = str(tmp_path_factory.mktemp("pm") / "digits_mlp")
-  norm = runner.validate(runner.RunConfig()).norm  # the runs' default
+  norm = training.validate(training.RunConfig()).norm  # the runs' default
   mlp = models.create_model("mlp", 10, norm=norm)
   params = models.init_params(mlp, jax.random.key(0), (8, 8, 1))
   pretrain.save_pm(path, params, pretrain.pm_metadata(
       "digits", "mlp", 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
   return path
+
+
+def _base(**changes):
+  """2 rounds, one CRD minibatch of 64 negatives per round."""
+  return fields.replace(training.RunConfig(rounds=2), **{
+      "crd.kt_steps": 1, "crd.nce_k": 64, **changes})
 
 
 def _cells(out):
@@ -44,25 +48,31 @@ def _cells(out):
 
 def test_kt_study(tmp_path, pm_dir):
   out = str(tmp_path / "kt")
-  base = runner.RunConfig(rounds=2, pm_model="mlp", pm_dir=pm_dir,
-                          kt_steps=1, nce_k=64)
+  base = _base(**{"pm.model": "mlp", "pm.dir": pm_dir})
   rows = ablations.run_study("kt", base, [0], out)
-  assert [(r["algorithm"], r["lam"]) for r in rows] == [
+  assert [(r["algorithm"], r["augfl.lam"]) for r in rows] == [
       ("augfl", 0.0), ("augfl", 5.0), ("kt_only", 5.0)]
-  assert _cells(out) == ["algorithm=augfl_lam=0.0", "algorithm=augfl_lam=5.0",
-                         "algorithm=kt_only_lam=5.0"]
+  assert _cells(out) == ["algorithm=augfl_augfl.lam=0.0",
+                         "algorithm=augfl_augfl.lam=5.0",
+                         "algorithm=kt_only_augfl.lam=5.0"]
   text = open(os.path.join(out, "results.md")).read()
   assert text.count("| algorithm=") == 3
   assert os.path.getsize(os.path.join(out, "curves.png")) > 0
+  # The curves are told apart by the cells' dotted fields.
+  curves = plot.group_curves(plot.find_runs([out]),
+                             ["algorithm", "augfl.lam"])
+  assert sorted(curves) == ["algorithm=augfl, augfl.lam=0.0",
+                            "algorithm=augfl, augfl.lam=5.0",
+                            "algorithm=kt_only, augfl.lam=5.0"]
 
 
 def test_lam_study_on_a_grid_of_its_own(tmp_path, pm_dir):
   out = str(tmp_path / "lam")
-  base = runner.RunConfig(rounds=2, pm_model="mlp", pm_dir=pm_dir,
-                          kt_steps=1, nce_k=64)
+  base = _base(**{"pm.model": "mlp", "pm.dir": pm_dir})
   rows = ablations.run_study("lam", base, [0], out, lams=(0.0, 10.0))
-  assert [r["lam"] for r in rows] == [0.0, 10.0]
-  assert _cells(out) == ["algorithm=augfl_lam=0.0", "algorithm=augfl_lam=10.0"]
+  assert [r["augfl.lam"] for r in rows] == [0.0, 10.0]
+  assert _cells(out) == ["algorithm=augfl_augfl.lam=0.0",
+                         "algorithm=augfl_augfl.lam=10.0"]
   for name in ("results.md", "curves.png", "accuracy_vs_lambda.png"):
     assert os.path.getsize(os.path.join(out, name)) > 0
 
@@ -74,21 +84,21 @@ def test_pm_size_study_uses_one_pm_per_size(tmp_path, monkeypatch):
   sizes = [("mlp", '{"hidden": [8]}'), ("mlp", '{"hidden": [16]}'),
            ("mlp", None)]
   monkeypatch.setitem(ablations.PM_SIZES, "digits", sizes)
-  monkeypatch.setattr(config_lib, "PM_ROOT", str(tmp_path / "root"))
-  base = runner.RunConfig(rounds=2, kt_steps=1, nce_k=64)
+  monkeypatch.setattr(presets, "PM_ROOT", str(tmp_path / "root"))
+  base = _base()
   dirs = []
   for name, kwargs in sizes:
-    config = runner.validate(dataclasses.replace(
-        base, pm_model=name, pm_kwargs=kwargs))
-    mlp = models.create_model(name, 10, **config_lib.model_kwargs(
-        name, config.norm, kwargs))
-    pretrain.save_pm(config.pm_dir, models.init_params(
+    config = training.validate(fields.replace(
+        base, **{"pm.model": name, "pm.kwargs": kwargs or ""}))
+    mlp = models.create_model(name, 10, **presets.model_kwargs(
+        name, config.norm, kwargs or ""))
+    pretrain.save_pm(config.pm.dir, models.init_params(
         mlp, jax.random.key(0), (8, 8, 1)), pretrain.pm_metadata(
             "digits", name, 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
-    dirs.append(config.pm_dir)
+    dirs.append(config.pm.dir)
   out = str(tmp_path / "pm_size")
   rows = ablations.run_study("pm_size", base, [0], out)
-  assert [(r["pm_model"], r.get("pm_kwargs")) for r in rows] == sizes
+  assert [(r["pm.model"], r.get("pm.kwargs")) for r in rows] == sizes
   assert len(set(dirs)) == 3  # one PM per size
   assert sorted(os.listdir(tmp_path / "root" / "pm")) == sorted(
       os.path.basename(d) for d in dirs)

@@ -140,9 +140,9 @@ def test_offline_error_is_fast_and_clear(tmp_path, monkeypatch):
   assert not attempts, f"tfds tried the network: {attempts}"
   message = str(err.value)
   assert "cifar10" in message and str(tmp_path) in message
-  assert "--data_dir" in message and "digits" in message
+  assert "--data.data_dir" in message and "digits" in message
   assert "\n" not in message
-  with pytest.raises(D.DatasetUnavailableError, match="--data_dir"):
+  with pytest.raises(D.DatasetUnavailableError, match="--data.data_dir"):
     D.load_federated("mnist", data_dir=str(tmp_path))
 
 

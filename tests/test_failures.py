@@ -17,10 +17,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from augfl_jax import checkpoint, models, pretrain
-from experiments import runner
+from augfl_jax import fields, models, pretrain, training
+from augfl_jax.training import checkpoints, loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = lambda s: None  # noqa: E731
@@ -68,6 +69,32 @@ def _cli_all(commands, env_home):
   return results
 
 
+def _config(**changes):
+  """A ``RunConfig`` with dotted fields changed."""
+  return fields.replace(training.RunConfig(), **changes)
+
+
+def _steps(out):
+  manager = checkpoints.RunCheckpoints(os.path.join(out, "checkpoints"))
+  try:
+    return manager.steps()
+  finally:
+    manager.close()
+
+
+def _restore(out, step):
+  """``(state, meta)`` of checkpoint ``step``, as saved."""
+  manager = ocp.CheckpointManager(
+      os.path.abspath(os.path.join(out, "checkpoints")),
+      item_names=("state", "meta"),
+      options=ocp.CheckpointManagerOptions(step_prefix="step", create=False,
+                                           read_only=True))
+  item = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  manager.close()
+  return item["state"], item["meta"]
+
+
 def _fake_pm(directory):
   """A PM checkpoint recorded as an mlp (the digits runs expect a cnn)."""
   mlp = models.create_model("mlp", 10, norm="batch")
@@ -82,53 +109,102 @@ def _fake_pm(directory):
 # Bad flags and output directories: before any compilation, one clear line.
 
 
-@pytest.mark.parametrize("fields,kwargs,message", [
-    ({"rho": 0.0}, {}, "--rho must be > 0"),
-    ({"alpha": 0.0}, {}, "--alpha must be > 0"),
-    ({"M": 0}, {}, "--M must be >= 1"),
-    ({"num_clients": 500}, {}, "num_clients"),
+@pytest.mark.parametrize("changes,kwargs,message", [
+    ({"augfl.rho": 0.0}, {}, "rho must be > 0"),
+    ({"augfl.alpha": 0.0}, {}, "alpha must be > 0"),
+    ({"eval.alpha": 0.0}, {}, "--eval.alpha must be > 0"),
+    ({"data.M": 0}, {}, "--data.M must be >= 1"),
+    ({"data.num_clients": 500}, {}, "num_clients"),
     ({"dataset": "imagenet"}, {}, "unknown dataset 'imagenet'"),
     ({"algorithm": "sgd"}, {}, "unknown algorithm 'sgd'"),
-    ({"lam": 5.0}, {}, "PM checkpoint at"),
+    ({"augfl.lam": 5.0}, {}, "PM checkpoint at"),
+    ({"clients_per_round": -1}, {}, "--clients_per_round must be >= 0"),
+    ({"clients_per_round": 33}, {}, "--clients_per_round=33 is more than "
+     "the 32 training clients"),
+    ({"crd.kd_weight": float("nan")}, {}, "--crd.kd_weight must be a finite"),
     ({}, {"checkpoint_every": -1}, "--checkpoint_every must be >= 0"),
     ({}, {"resume": True}, "no checkpoint in"),
     ({}, {"resume": True, "overwrite": True}, "exclude each other"),
 ])
-def test_bad_runs_fail_before_compiling(tmp_path, fields, kwargs, message):
+def test_bad_runs_fail_before_compiling(tmp_path, changes, kwargs, message):
   _fake_pm(tmp_path / "pm")
-  config = runner.RunConfig(**{"lam": 0.0, "pm_dir": str(tmp_path / "pm"),
-                               **fields})
   with nothing_compiled(), pytest.raises(ValueError) as e:
-    runner.run(config, str(tmp_path / "out"), log=QUIET, **kwargs)
+    # A section's own checks (augfl.rho > 0) run as the config is built.
+    config = _config(**{"augfl.lam": 0.0, "pm.dir": str(tmp_path / "pm"),
+                        **changes})
+    training.run(config, str(tmp_path / "out"), log=QUIET, **kwargs)
   assert message in str(e.value) and "\n" not in str(e.value)
   if message == "PM checkpoint at":  # both architectures and the way out
     assert "architecture=mlp(" in str(e.value)
-    assert "architecture=cnn(" in str(e.value) and "--pm_dir" in str(e.value)
-  assert not os.path.exists(tmp_path / "out" / "config.json")
+    assert "architecture=cnn(" in str(e.value) and "--pm.dir" in str(e.value)
+  assert not os.path.exists(tmp_path / "out")  # nothing written
 
 
 def test_an_existing_run_is_not_overwritten(tmp_path):
   out = str(tmp_path / "run")
-  config = runner.RunConfig(lam=0.0, rounds=2, eval_every=1)
-  runner.run(config, out, log=QUIET, checkpoint_every=1)
+  config = _config(rounds=2, eval_every=1, **{"augfl.lam": 0.0})
+  training.run(config, out, log=QUIET, checkpoint_every=1)
+  assert _steps(out) == [1, 2]
   before = open(os.path.join(out, "metrics.jsonl")).read()
   with nothing_compiled():
     with pytest.raises(ValueError, match="already holds this run") as e:
-      runner.run(config, out, log=QUIET)
+      training.run(config, out, log=QUIET)
     assert "--resume" in str(e.value) and "--overwrite" in str(e.value)
     with pytest.raises(ValueError, match="holds a different run") as e:
-      runner.run(dataclasses.replace(config, seed=1, alpha=0.1), out,
-                 log=QUIET)
-    assert "seed: 0 -> 1" in str(e.value) and "alpha: 0.03 -> 0.1" in str(
-        e.value) and "--overwrite" in str(e.value)
+      training.run(fields.replace(config, seed=1, **{"augfl.alpha": 0.1}),
+                   out, log=QUIET)
+    assert "seed: 0 -> 1" in str(e.value) and (
+        "augfl.alpha: 0.03 -> 0.1") in str(e.value) and "--overwrite" in str(
+            e.value)
   assert open(os.path.join(out, "metrics.jsonl")).read() == before
-  # --overwrite replaces it: new config, new metrics, only new checkpoints.
-  runner.run(dataclasses.replace(config, seed=1, rounds=1), out, log=QUIET,
-             overwrite=True, checkpoint_every=0)
+  # --overwrite replaces it: new config, new metrics, only new checkpoints
+  # (checkpoint_every=0 saves at the end only).
+  training.run(fields.replace(config, seed=1, rounds=1), out, log=QUIET,
+               overwrite=True, checkpoint_every=0)
   assert json.load(open(os.path.join(out, "config.json")))["seed"] == 1
   assert [json.loads(l)["round"] for l in open(
       os.path.join(out, "metrics.jsonl"))] == [1]
-  assert checkpoint.all_steps(os.path.join(out, "checkpoints")) == []
+  assert _steps(out) == [1]
+  assert _restore(out, 1)[1]["config"]["seed"] == 1
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_files_the_tool_did_not_write_are_never_removed(tmp_path, overwrite):
+  """A directory holding files of the names a run writes, which no manifest
+  of this tool claims, is refused (even with --overwrite) and left as it
+  is; files of other names do not matter."""
+  out = tmp_path / "mine"
+  out.mkdir()
+  (out / "metrics.jsonl").write_text("my notes\n")
+  (out / "notes.txt").write_text("other\n")
+  config = _config(rounds=1, **{"augfl.lam": 0.0})
+  with nothing_compiled(), pytest.raises(
+      training.OutputDirError, match="which augfl_jax did not write") as e:
+    training.run(config, str(out), log=QUIET, overwrite=overwrite)
+  assert "metrics.jsonl" in str(e.value) and "\n" not in str(e.value)
+  assert sorted(os.listdir(out)) == [".augfl_jax.lock", "metrics.jsonl",
+                                     "notes.txt"]
+  assert (out / "metrics.jsonl").read_text() == "my notes\n"
+  # Next to files of other names, a run writes its own (and owns them).
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "notes.txt").write_text("other\n")
+  training.run(config, str(other), log=QUIET, overwrite=overwrite)
+  training.run(config, str(other), log=QUIET, overwrite=True)
+  assert (other / "notes.txt").read_text() == "other\n"
+  assert (other / "summary.json").exists()
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):
+  out = str(tmp_path / "run")
+  config = _config(rounds=1, **{"augfl.lam": 0.0})
+  holder = training.outputs.OutputDir(out)
+  holder.check_writable()
+  with holder.lock():
+    with nothing_compiled(), pytest.raises(training.OutputDirError,
+                                           match="in use by another run"):
+      training.run(config, out, log=QUIET)
+  training.run(config, out, log=QUIET)  # the lock went with its holder
 
 
 # ----------------------------------------------------------------------------
@@ -146,50 +222,71 @@ def _nan_client(client):
 
 
 def test_nan_in_one_clients_data_stops_the_run_naming_it(tmp_path):
-  config = runner.RunConfig(lam=0.0, rounds=3, eval_every=1)
-  with pytest.raises(runner.NonFiniteError) as e:
-    runner.run(config, str(tmp_path), log=QUIET, checkpoint_every=0,
-               transform_data=_nan_client(3))
+  config = _config(rounds=3, eval_every=1, **{"augfl.lam": 0.0})
+  with pytest.raises(training.NonFiniteError) as e:
+    training.run(config, str(tmp_path), log=QUIET, checkpoint_every=0,
+                 transform_data=_nan_client(3))
   message = str(e.value)
   assert message.startswith("round 1: ")
   assert "client_loss of training clients [3] (nan)" in message
   assert "rows of training clients [3]" in message  # theta_i, y_i of client 3
   # The last good state (round 0: the initial one) is saved and finite.
-  root = tmp_path / "checkpoints"
-  assert checkpoint.all_steps(root) == [0]
-  tree, meta = checkpoint.restore(checkpoint.step_path(root, 0))
+  assert _steps(tmp_path) == [0]
+  state, meta = _restore(tmp_path, 0)
   assert meta["round"] == 0
   assert all(np.isfinite(np.asarray(x)).all()
-             for x in jax.tree.leaves(tree["state"]))
+             for x in jax.tree.leaves(state)
+             if np.issubdtype(np.asarray(x).dtype, np.inexact))
 
 
 def test_nan_with_sampled_clients_names_the_client_id(tmp_path):
-  config = runner.RunConfig(lam=0.0, rounds=20, eval_every=1,
-                            clients_per_round=8)
+  config = _config(rounds=20, eval_every=1, clients_per_round=8,
+                   **{"augfl.lam": 0.0})
   first = next(r for r in range(1, 21)
-               if 5 in runner.sample_participants(0, r, 32, 8))
+               if 5 in loop.sample_participants(0, r, 32, 8))
   assert first > 1, "pick a client that sits out round 1"
-  with pytest.raises(runner.NonFiniteError) as e:
-    runner.run(config, str(tmp_path), log=QUIET, checkpoint_every=0,
-               transform_data=_nan_client(5))
+  with pytest.raises(training.NonFiniteError) as e:
+    training.run(config, str(tmp_path), log=QUIET, checkpoint_every=0,
+                 transform_data=_nan_client(5))
   assert str(e.value).startswith(f"round {first}: ")
   assert "client_loss of training clients [5]" in str(e.value)
-  assert checkpoint.all_steps(tmp_path / "checkpoints") == [first - 1]
+  assert _steps(tmp_path) == [first - 1]
   records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert [r["round"] for r in records] == list(range(1, first))
 
 
+def test_a_non_finite_evaluation_stops_the_run(tmp_path):
+  """A NaN in a held-out client's data: training is finite, its
+  evaluation is not; the run stops at the first evaluation with the state
+  of that round saved, and writes no non-finite record."""
+  def nan_test_client(fed):
+    support = dict(fed.test.support)
+    support["x"] = support["x"].at[0].set(jnp.nan)
+    return dataclasses.replace(fed, test=fed.test.replace(support=support))
+  config = _config(rounds=4, eval_every=2, **{"augfl.lam": 0.0})
+  with pytest.raises(training.NonFiniteError) as e:
+    training.run(config, str(tmp_path), log=QUIET, checkpoint_every=0,
+                 transform_data=nan_test_client)
+  message = str(e.value)
+  assert message.startswith("round 2: non-finite evaluation of the "
+                            "held-out clients (")
+  assert "(round 2)" in message and "\n" not in message
+  assert _steps(tmp_path) == [2]
+  assert open(tmp_path / "metrics.jsonl").read() == ""
+  assert not (tmp_path / "summary.json").exists()
+
+
 _NAN_CLI = """
 import dataclasses, functools
-from absl import app
 import jax.numpy as jnp
-from experiments import run, runner
+from augfl_jax import training
+from experiments import flags, run
 def nan3(fed):
   support = dict(fed.train.support)
   support["x"] = support["x"].at[3].set(jnp.nan)
   return dataclasses.replace(fed, train=fed.train.replace(support=support))
-runner.run = functools.partial(runner.run, transform_data=nan3)
-app.run(run.main)
+training.run = functools.partial(training.run, transform_data=nan3)
+flags.main_runner(run.main)
 """
 
 
@@ -197,9 +294,9 @@ def test_cli_failures_are_one_line_without_traceback(tmp_path, compile_cache):
   _fake_pm(tmp_path / "pm")
   out = lambda name: f"--output_dir={tmp_path / name}"
   cases = [
-      (["--lam=5", f"--pm_dir={tmp_path / 'pm'}", out("a")],
+      (["--augfl.lam=5", f"--pm.dir={tmp_path / 'pm'}", out("a")],
        "PM checkpoint at"),
-      (["-c", _NAN_CLI, "--lam=0", "--rounds=3", out("nan")],
+      (["-c", _NAN_CLI, "--augfl.lam=0", "--rounds=3", out("nan")],
        "round 1: non-finite client_loss of training clients [3]"),
   ]
   results = _cli_all([args for args, _ in cases], compile_cache)

@@ -17,7 +17,7 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
 
 def _config_from_flagfile(path: str) -> training.RunConfig:
   values = flags.FlagValues()
-  run_flags.define_config_flags(values)
+  run_flags.define_config_flags(flag_values=values)
   values(["prog", f"--flagfile={path}"])
   return run_flags.config_from_flags(values)
 

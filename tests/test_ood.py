@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import data, models, pretrain
+from augfl_jax import data, fields, models, pretrain, training
 from augfl_jax.data import rotated
-from experiments import ood
-from experiments import runner
+from augfl_jax.training import wiring
+from experiments import ood, ood_domains
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTOCOL = ood.Protocol(angles=(0.0, 45.0, 90.0), clients_per_domain=1,
@@ -35,7 +35,7 @@ def pm_dir(tmp_path_factory):
   """An mlp PM checkpoint for digits (fresh weights: training it would only
   cost time here)."""
   path = str(tmp_path_factory.mktemp("pm") / "digits_mlp")
-  norm = runner.validate(runner.RunConfig()).norm  # the runs' default
+  norm = training.validate(training.RunConfig()).norm  # the runs' default
   mlp = models.create_model("mlp", 10, norm=norm)
   params = models.init_params(mlp, jax.random.key(0), (8, 8, 1))
   pretrain.save_pm(path, params, pretrain.pm_metadata(
@@ -44,8 +44,8 @@ def pm_dir(tmp_path_factory):
 
 
 def test_held_out_domain_clients_are_the_test_clients():
-  config = runner.RunConfig(algorithm="fedavg", seed=3)
-  fed, _ = runner.load_federated(runner.validate(config))
+  config = training.RunConfig(algorithm="fedavg", seed=3)
+  fed, _ = wiring.load_federated(training.validate(config))
   new, summary = ood.leave_out(config, PROTOCOL, 1)(fed)
   assert new.train.num_clients == 2 and new.test.num_clients == 1
   assert "held-out domain 45" in summary and "400 examples" in summary
@@ -66,7 +66,8 @@ def test_held_out_domain_clients_are_the_test_clients():
 
 def test_ood_writes_tables_and_a_rerun_reuses_every_cell(tmp_path, pm_dir,
                                                         monkeypatch):
-  base = runner.RunConfig(rounds=2, pm_model="mlp", pm_dir=pm_dir)
+  base = training.RunConfig(rounds=2, pm=training.PMConfig(model="mlp",
+                                                          dir=pm_dir))
   out = str(tmp_path / "ood")
   args = (base, ["digits"], ["fedavg", "fedoa"], [0.0, 90.0], [0], out,
           PROTOCOL)
@@ -88,8 +89,8 @@ def test_ood_writes_tables_and_a_rerun_reuses_every_cell(tmp_path, pm_dir,
   # A rerun trains and scores nothing: every cell is reused.
   def fail(*a, **k):
     raise AssertionError("recomputed a finished cell")
-  monkeypatch.setattr(runner, "run", fail)
-  monkeypatch.setattr(ood.fedoa, "make_evaluate_personal", fail)
+  monkeypatch.setattr(training, "run", fail)
+  monkeypatch.setattr(ood_domains.fedoa, "make_evaluate_personal", fail)
   assert ood.run_ood(*args) == text
   # Another domain protocol in the same directory is refused before running.
   with pytest.raises(ValueError, match="another domain protocol"):
@@ -98,8 +99,23 @@ def test_ood_writes_tables_and_a_rerun_reuses_every_cell(tmp_path, pm_dir,
                                          examples_per_client=30))
 
 
+def test_method_defaults_apply_to_fields_left_at_their_default():
+  default = training.RunConfig()
+  assert ood.method_cell(default, "fedoa") == {"fedoa.lr": 0.02,
+                                               "algorithm": "fedoa"}
+  assert ood.method_cell(default, "fedit") == {
+      "fedit.lr": 0.02, "eval.alpha": 0.03, "algorithm": "fedit"}
+  given = fields.replace(default, **{"fedoa.lr": 0.01, "fedit.lr": 0.01,
+                                     "eval.alpha": 0.1})
+  assert ood.method_cell(given, "fedoa") == {"algorithm": "fedoa"}
+  assert ood.method_cell(given, "fedit") == {"algorithm": "fedit"}
+  # Another method's section does not count.
+  other = fields.replace(default, **{"fedavg.lr": 0.01})
+  assert ood.method_cell(other, "fedoa")["fedoa.lr"] == 0.02
+
+
 def test_bad_requests_fail_before_any_run(tmp_path):
-  base = runner.RunConfig(rounds=2)
+  base = training.RunConfig(rounds=2)
   out = str(tmp_path / "ood")
   cases = [
       (dict(methods=["fedsgd"]), "unknown --algorithms"),
@@ -142,9 +158,11 @@ def test_importing_the_commands_defines_no_flags():
   """Every command defines its own flags only when it runs, so all of them
   import into one process (the run flags come with experiments.run)."""
   code = ("import experiments.ood, experiments.table2, experiments.ablations,"
-          " experiments.sweep, benchmarks.round_cost; from absl import flags;"
+          " experiments.sweep, experiments.pretrain_pm, benchmarks.round_cost;"
+          " from absl import flags;"
           " print(sorted({'seeds', 'datasets', 'algorithms', 'methods',"
-          " 'study', 'held_out', 'grid'} & set(flags.FLAGS)))")
+          " 'study', 'held_out', 'grid', 'output_dir', 'augfl.rho',"
+          " 'pm.model', 'lr'} & set(flags.FLAGS)))")
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
                        capture_output=True, text=True).stdout
   assert out.strip() == "[]"

@@ -11,9 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from augfl_jax import checkpoint, data, models
+from augfl_jax import checkpoint, data, fields, models, training
 from augfl_jax import pretrain as pt
-from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -187,7 +186,8 @@ def test_pm_round_trip_and_mismatches_name_every_field(tmp_path, trained):
   assert "dataset=digits, server_size=400" in msg
   assert "dataset=mnist, server_size=500" in msg
   assert path in msg and "python -m experiments.pretrain_pm" in msg
-  assert "--pm_dir" in msg and "architecture" not in msg
+  assert "--pm.dir" in msg and "architecture" not in msg
+  assert "--data.server_size=500" in msg
   other = models.create_model("mlp", 10, hidden=(64,))
   with pytest.raises(pt.PMCheckpointMismatch, match="architecture=mlp") as e:
     pt.load_pm(path, _expected(other))
@@ -283,8 +283,8 @@ def _cli(*args):
 
 def test_cli_writes_a_loadable_checkpoint(tmp_path):
   pm_dir = str(tmp_path / "pm")
-  result = _cli("--epochs=2", "--pm_model=logreg", "--server_size=200",
-                f"--pm_dir={pm_dir}")
+  result = _cli("--pm.epochs=2", "--pm.model=logreg",
+                "--data.server_size=200", f"--pm.dir={pm_dir}")
   assert result.returncode == 0, result.stderr
   assert "pm epoch    2/2" in result.stdout
   assert f"PM saved to {pm_dir}" in result.stdout
@@ -302,21 +302,47 @@ def test_cli_pretrains_the_pm_a_default_run_uses(tmp_path):
   ``experiments.run`` resolves: the run reuses the PM instead of refusing
   or retraining it."""
   pm_dir = str(tmp_path / "pm")
-  result = _cli("--epochs=1", f"--pm_dir={pm_dir}")
+  result = _cli("--pm.epochs=1", f"--pm.dir={pm_dir}")
   assert result.returncode == 0, result.stderr
-  config = runner.validate(runner.RunConfig(rounds=1, pm_dir=pm_dir))
+  config = training.validate(fields.replace(training.RunConfig(rounds=1),
+                                            **{"pm.dir": pm_dir}))
   assert config.norm == "group"
   lines = []
-  runner.run(config, str(tmp_path / "run"), log=lines.append)
+  training.run(config, str(tmp_path / "run"), log=lines.append)
   assert not any("pretraining" in line for line in lines)
+  assert any(line.startswith(f"reusing the PM at {pm_dir}")
+             for line in lines)
+
+
+def test_cli_pretrains_into_the_default_directory_of_a_run(tmp_path):
+  """Without --pm.dir: the directory a run with the same flags looks in
+  (here under a temporary working directory)."""
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.pretrain_pm", "--pm.epochs=1",
+       "--pm.model=mlp", "--pm.kwargs={\"hidden\": [16]}", "--norm=batch"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "PYTHONPATH": ROOT})
+  assert result.returncode == 0, result.stderr
+  config = training.validate(fields.replace(training.RunConfig(), **{
+      "pm.model": "mlp", "pm.kwargs": "{\"hidden\": [16]}", "norm": "batch"}))
+  assert config.pm.dir == os.path.join("runs", "pm",
+                                       "digits_mlp-hidden-16_srv400")
+  assert f"PM saved to {config.pm.dir}" in result.stdout
+  assert os.path.isdir(tmp_path / config.pm.dir)
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--epochs=0"], "--epochs must be >= 1"),
+    (["--pm.epochs=0"], "--pm.epochs must be >= 1"),
+    (["--pm.model=vgg"], "unknown --pm.model 'vgg'"),
+    (["--pm.kwargs={"], "--pm.kwargs is not valid JSON"),
+    (["--data.server_size=1"], "--data.server_size must be >= 2"),
+    (["--dataset=synthetic"], "synthetic has natural clients"),
+    (["--lr=x"], "flag --lr=x"),
+    (["--epochs=2"], "Unknown command line flag 'epochs'"),
     (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
 ])
 def test_cli_bad_flags_fail_with_one_line(tmp_path, args, message):
-  result = _cli(*args, f"--pm_dir={tmp_path / 'pm'}")
+  result = _cli(*args, f"--pm.dir={tmp_path / 'pm'}")
   assert result.returncode == 2
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr

@@ -12,8 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from augfl_jax import data
-from experiments import runner
+from augfl_jax import data, training
 
 
 def _fashion_mnist_or_skip() -> data.Location:
@@ -51,9 +50,9 @@ def test_server_split_histogram_as_a_run_prints_it(fashion_mnist):
 def test_three_rounds_of_fedavg(tmp_path):
   _fashion_mnist_or_skip()
   lines = []
-  summary = runner.run(
-      runner.RunConfig(dataset="fashion_mnist", algorithm="fedavg",
-                       rounds=3, eval_every=3),
+  summary = training.run(
+      training.RunConfig(dataset="fashion_mnist", algorithm="fedavg",
+                         rounds=3, eval_every=3),
       str(tmp_path), log=lines.append)
   assert math.isfinite(summary["final_accuracy"])
   assert 0.1 < summary["final_accuracy"] <= 1.0  # above chance

@@ -6,23 +6,22 @@ cache in the session's temporary directory, so each program compiles once.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from augfl_jax import algorithms, checkpoint, clients, models, pretrain
-from experiments import runner
+from augfl_jax import algorithms, clients, fields, models, pretrain, training
+from augfl_jax.training import checkpoints, loop, wiring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PM_RUN = dict(lam=5.0, pm_model="mlp")
+PM_RUN = {"augfl.lam": 5.0, "pm.model": "mlp"}
 
 
 # the CLI's compilation cache in the session's temp directory (conftest)
@@ -46,11 +45,18 @@ def pm_dir(tmp_path_factory):
   return path
 
 
+def _config(**changes):
+  """A ``RunConfig`` with dotted fields changed."""
+  return fields.replace(training.RunConfig(), **changes)
+
+
 class Crash(Exception):
   pass
 
 
-def _crash_at(round_):
+def _crash_at(round_, monkeypatch):
+  """A log that raises in ``round_`` (every round logs a line)."""
+  monkeypatch.setattr(loop, "LOG_SECONDS", 0.0)
   def log(line):
     if line.startswith(f"round {round_:4d}/"):
       raise Crash(line)
@@ -73,11 +79,32 @@ def _leaves(tree):
                      else x) for x in jax.tree.leaves(tree)]
 
 
+def _steps(path):
+  """The finished checkpoint steps of the run in ``path``."""
+  manager = checkpoints.RunCheckpoints(os.path.join(path, "checkpoints"))
+  try:
+    return manager.steps()
+  finally:
+    manager.close()
+
+
+def _restore(path, step):
+  """``(state, meta)`` of checkpoint ``step`` of the run in ``path``, as
+  saved (dicts of arrays; no template)."""
+  manager = ocp.CheckpointManager(
+      os.path.abspath(os.path.join(path, "checkpoints")),
+      item_names=("state", "meta"),
+      options=ocp.CheckpointManagerOptions(step_prefix="step", create=False,
+                                           read_only=True))
+  item = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  manager.close()
+  assert item["meta"]["round"] == step
+  return item["state"], item["meta"]
+
+
 def _state(path, step):
-  tree, meta = checkpoint.restore(
-      checkpoint.step_path(os.path.join(path, "checkpoints"), step))
-  assert meta["round"] == step
-  return tree["state"]
+  return _restore(path, step)[0]
 
 
 def _assert_same_state(a, b):
@@ -89,27 +116,27 @@ def _assert_same_state(a, b):
 
 
 @pytest.mark.parametrize("algorithm,extra", [
-    ("augfl", {"lam": 0.0}),
+    ("augfl", {"augfl.lam": 0.0}),
     ("fedavg", {}),
     ("augfl", PM_RUN),
 ], ids=["augfl", "fedavg", "augfl_pm"])
 def test_crash_then_resume_equals_straight_run(tmp_path, pm_dir, algorithm,
-                                                extra):
-  extra = {**extra, "pm_dir": pm_dir} if extra.get("lam") else extra
-  config = runner.RunConfig(algorithm=algorithm, rounds=6, eval_every=2,
-                            **extra)
+                                                extra, monkeypatch):
+  extra = ({**extra, "pm.dir": pm_dir} if extra.get("augfl.lam")
+           else extra)
+  config = _config(algorithm=algorithm, rounds=6, eval_every=2, **extra)
   quiet = lambda s: None
-  runner.run(config, str(tmp_path / "straight"), log=quiet,
-             checkpoint_every=3)
+  training.run(config, str(tmp_path / "straight"), log=quiet,
+               checkpoint_every=3)
   # Checkpoint at 3; the run dies in round 5, after round 4's evaluation
   # was written: resuming must drop that record and recompute it.
   with pytest.raises(Crash):
-    runner.run(config, str(tmp_path / "split"), log=_crash_at(5),
-               checkpoint_every=3)
+    training.run(config, str(tmp_path / "split"),
+                 log=_crash_at(5, monkeypatch), checkpoint_every=3)
   assert [r["round"] for r in _records(tmp_path / "split")] == [2, 4]
-  assert checkpoint.all_steps(tmp_path / "split" / "checkpoints") == [3]
-  summary = runner.run(config, str(tmp_path / "split"), log=quiet,
-                       checkpoint_every=3, resume=True)
+  assert _steps(tmp_path / "split") == [3]
+  summary = training.run(config, str(tmp_path / "split"), log=quiet,
+                         checkpoint_every=3, resume=True)
   assert summary["resumed_from_round"] == 3
   straight = _records(tmp_path / "straight")
   split = _records(tmp_path / "split")
@@ -117,46 +144,60 @@ def test_crash_then_resume_equals_straight_run(tmp_path, pm_dir, algorithm,
   assert _without_seconds(split) == _without_seconds(straight)
   _assert_same_state(_state(tmp_path / "straight", 6),
                      _state(tmp_path / "split", 6))
-  # Only the newest checkpoint is kept.
-  assert checkpoint.all_steps(tmp_path / "split" / "checkpoints") == [6]
-  if extra.get("lam"):  # the CRD state (heads, optimiser, banks) came along
+  # The newest two checkpoints are kept.
+  assert _steps(tmp_path / "split") == [3, 6]
+  # TensorBoard shows every round once: the crashed session's rounds 4-5
+  # are dropped at the resumed session's start and written again.
+  straight_tb, split_tb = (_events(tmp_path / name / "tb")
+                           for name in ("straight", "split"))
+  assert sorted(split_tb["train/loss"]) == [1, 2, 3, 4, 5, 6]
+  assert sorted(split_tb["eval/accuracy"]) == [2, 4, 6]
+  for tag in ("train/loss", "eval/accuracy"):
+    for step, value in straight_tb[tag].items():
+      assert split_tb[tag][step] == pytest.approx(value, rel=1e-6)
+  if extra.get("augfl.lam"):  # the CRD state (heads, optimiser, banks)
     state = _state(tmp_path / "split", 6)
     assert "transfer" in state and int(state["transfer"]["step"]) == 6
 
 
 def test_larger_rounds_continue_a_finished_run(tmp_path):
-  base = runner.RunConfig(algorithm="fedavg", rounds=6, eval_every=2)
+  base = _config(algorithm="fedavg", rounds=6, eval_every=2)
   quiet = lambda s: None
-  runner.run(base, str(tmp_path / "a"), log=quiet, checkpoint_every=3)
-  short = runner.RunConfig(algorithm="fedavg", rounds=4, eval_every=2)
-  runner.run(short, str(tmp_path / "b"), log=quiet, checkpoint_every=3)
-  assert checkpoint.all_steps(tmp_path / "b" / "checkpoints") == [4]
-  runner.run(base, str(tmp_path / "b"), log=quiet, checkpoint_every=3,
-             resume=True)
+  training.run(base, str(tmp_path / "a"), log=quiet, checkpoint_every=3)
+  short = _config(algorithm="fedavg", rounds=4, eval_every=2)
+  training.run(short, str(tmp_path / "b"), log=quiet, checkpoint_every=3)
+  assert _steps(tmp_path / "b") == [3, 4]
+  assert json.load(open(tmp_path / "b" / "config.json"))["rounds"] == 4
+  training.run(base, str(tmp_path / "b"), log=quiet, checkpoint_every=3,
+               resume=True)
+  assert _steps(tmp_path / "b") == [4, 6]
   assert _without_seconds(_records(tmp_path / "b")) == _without_seconds(
       _records(tmp_path / "a"))
   _assert_same_state(_state(tmp_path / "a", 6), _state(tmp_path / "b", 6))
   assert json.load(open(tmp_path / "b" / "config.json"))["rounds"] == 6
   # A finished run resumed with the same rounds has nothing to do.
   lines = []
-  summary = runner.run(base, str(tmp_path / "b"), log=lines.append,
-                       resume=True)
+  summary = training.run(base, str(tmp_path / "b"), log=lines.append,
+                         resume=True)
   assert summary["rounds"] == 6 and "larger --rounds" in lines[-1]
 
 
 def test_resume_refuses_another_config_naming_the_fields(tmp_path):
-  config = runner.RunConfig(algorithm="fedavg", rounds=2, lam=0.0)
-  runner.run(config, str(tmp_path), log=lambda s: None, checkpoint_every=1)
-  other = runner.RunConfig(algorithm="fedavg", rounds=2, lam=0.0, seed=1,
-                           lr=0.5)
+  config = _config(algorithm="fedavg", rounds=2, **{"augfl.lam": 0.0})
+  training.run(config, str(tmp_path), log=lambda s: None,
+               checkpoint_every=1)
+  other = _config(algorithm="fedavg", rounds=2, seed=1,
+                  **{"augfl.lam": 0.0, "fedavg.lr": 0.5})
   with pytest.raises(ValueError) as e:
-    runner.run(other, str(tmp_path), log=lambda s: None, resume=True)
+    training.run(other, str(tmp_path), log=lambda s: None, resume=True)
   message = str(e.value)
-  assert "seed: 0 -> 1" in message and "lr: " in message and "-> 0.5" in message
+  assert "seed: 0 -> 1" in message and "fedavg.lr: " in message
+  assert "-> 0.5" in message and "\n" not in message
   assert "rounds" in message  # says what may change
   with pytest.raises(ValueError, match="beyond --rounds=1"):
-    runner.run(runner.RunConfig(algorithm="fedavg", rounds=1, lam=0.0),
-               str(tmp_path), log=lambda s: None, resume=True)
+    training.run(_config(algorithm="fedavg", rounds=1,
+                         **{"augfl.lam": 0.0}),
+                 str(tmp_path), log=lambda s: None, resume=True)
 
 
 def test_a_run_started_under_vmap_resumes_under_the_defaults(tmp_path):
@@ -164,17 +205,15 @@ def test_a_run_started_under_vmap_resumes_under_the_defaults(tmp_path):
   (strategy "vmap", no conv_impl in its config) resumes without flags;
   config.json then records what runs."""
   quiet = lambda s: None
-  runner.run(runner.RunConfig(algorithm="fedavg", rounds=2, eval_every=2,
-                              strategy="vmap"),
-             str(tmp_path), log=quiet, checkpoint_every=2)
-  path = os.path.join(checkpoint.step_path(tmp_path / "checkpoints", 2),
-                      "metadata", "metadata")
+  training.run(_config(algorithm="fedavg", rounds=2, eval_every=2,
+                       strategy="vmap"),
+               str(tmp_path), log=quiet, checkpoint_every=2)
+  path = os.path.join(tmp_path, "checkpoints", "step_2", "meta", "metadata")
   meta = json.load(open(path))
   del meta["config"]["conv_impl"]
   json.dump(meta, open(path, "w"))
-  summary = runner.run(runner.RunConfig(algorithm="fedavg", rounds=4,
-                                        eval_every=2),
-                       str(tmp_path), log=quiet, resume=True)
+  summary = training.run(_config(algorithm="fedavg", rounds=4, eval_every=2),
+                         str(tmp_path), log=quiet, resume=True)
   assert summary["resumed_from_round"] == 2
   saved = json.load(open(tmp_path / "config.json"))
   assert saved["strategy"] == clients.default_strategy().name
@@ -182,26 +221,24 @@ def test_a_run_started_under_vmap_resumes_under_the_defaults(tmp_path):
 
 
 def _events(logdir):
-  """``{tag: {step: value}}`` from the TFRecord event files (read by hand:
-  u64 length, u32 crc, Event proto, u32 crc)."""
-  # Imported here, after a run has imported tensorboardX without torch.
-  from tensorboardX.proto import event_pb2  # noqa: E402
+  """``{tag: {step: value}}`` as TensorBoard reads the event files (its
+  ``EventAccumulator``, which also drops the events a resumed session
+  rewrites); every step of a tag appears once."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  accumulator = event_accumulator.EventAccumulator(str(logdir))
+  accumulator.Reload()
   out = {}
-  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-    data = open(path, "rb").read()
-    pos = 0
-    while pos < len(data):
-      (length,) = struct.unpack("<Q", data[pos:pos + 8])
-      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
-      pos += 12 + length + 4
-      for value in event.summary.value:
-        out.setdefault(value.tag, {})[event.step] = value.simple_value
+  for tag in accumulator.Tags()["scalars"]:
+    events = accumulator.Scalars(tag)
+    out[tag] = {e.step: e.value for e in events}
+    assert len(out[tag]) == len(events), f"{tag}: a step twice"
   return out
 
 
 def test_tensorboard_events_match_metrics(tmp_path):
-  runner.run(runner.RunConfig(algorithm="augfl", lam=0.0, rounds=4,
-                              eval_every=2), str(tmp_path), log=lambda s: None)
+  training.run(_config(algorithm="augfl", rounds=4, eval_every=2,
+                       **{"augfl.lam": 0.0}),
+               str(tmp_path), log=lambda s: None)
   events = _events(tmp_path / "tb")
   assert sorted(events["train/loss"]) == [1, 2, 3, 4]
   records = _records(tmp_path)
@@ -218,7 +255,7 @@ def test_sigint_saves_a_checkpoint_and_resume_finishes(tmp_path,
                                                        compile_cache):
   env = {**os.environ, "XDG_CACHE_HOME": compile_cache,
          "PYTHONUNBUFFERED": "1"}
-  args = ["--lam=0", "--rounds=200", "--eval_every=50",
+  args = ["--augfl.lam=0", "--rounds=200", "--eval_every=50",
           "--checkpoint_every=0", f"--output_dir={tmp_path}"]
   proc = subprocess.Popen([sys.executable, "-m", "experiments.run", *args],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -234,22 +271,23 @@ def test_sigint_saves_a_checkpoint_and_resume_finishes(tmp_path,
   assert proc.returncode == 128 + signal.SIGINT, err
   assert "Traceback" not in err
   assert "--resume" in err and "SIGINT" in err
-  step = checkpoint.latest_step(tmp_path / "checkpoints")
-  assert step is not None and 1 <= step < 200
-  tree, meta = checkpoint.restore(
-      checkpoint.step_path(tmp_path / "checkpoints", step))
+  steps = _steps(tmp_path)
+  assert len(steps) == 1 and 1 <= steps[0] < 200
+  step = steps[0]
+  state, meta = _restore(tmp_path, step)
   assert meta["round"] == step and meta["config"]["rounds"] == 200
-  assert int(tree["state"]["augfl"]["round"]) == step
+  assert int(state["augfl"]["round"]) == step
   # --resume (in-process: the same code as the CLI's, without its start-up).
   lines = []
-  config = runner.RunConfig(lam=0.0, rounds=200, eval_every=50)
-  runner.run(config, str(tmp_path), log=lines.append, checkpoint_every=0,
-             resume=True)
+  config = _config(rounds=200, eval_every=50, **{"augfl.lam": 0.0})
+  training.run(config, str(tmp_path), log=lines.append, checkpoint_every=0,
+               resume=True)
   assert f"resuming from round {step}" in " ".join(lines)
   rounds = [r["round"] for r in _records(tmp_path)]
   assert rounds == [50, 100, 150, 200]
-  # --checkpoint_every=0: nothing saved but the interrupted round.
-  assert checkpoint.all_steps(tmp_path / "checkpoints") == [step]
+  # --checkpoint_every=0: nothing saved but the interrupted round and the
+  # end.
+  assert _steps(tmp_path) == [step, 200]
 
 
 # ----------------------------------------------------------------------------
@@ -258,43 +296,42 @@ def test_sigint_saves_a_checkpoint_and_resume_finishes(tmp_path,
 
 def test_sampled_participants_are_reproducible_and_uniform():
   n, k = 32, 8
-  draws = [runner.sample_participants(7, r, n, k) for r in range(1, 2001)]
-  again = [runner.sample_participants(7, r, n, k) for r in range(1, 2001)]
+  draws = [loop.sample_participants(7, r, n, k) for r in range(1, 2001)]
+  again = [loop.sample_participants(7, r, n, k) for r in range(1, 2001)]
   assert all(np.array_equal(a, b) for a, b in zip(draws, again))
   for d in draws[:50]:
     assert d.shape == (k,) and np.all(np.diff(d) > 0)
     assert d.min() >= 0 and d.max() < n
   assert len({tuple(d) for d in draws}) > 1900  # rounds differ
-  other_seed = runner.sample_participants(8, 1, n, k)
+  other_seed = loop.sample_participants(8, 1, n, k)
   assert not np.array_equal(other_seed, draws[0]) or not np.array_equal(
-      runner.sample_participants(8, 2, n, k), draws[1])
+      loop.sample_participants(8, 2, n, k), draws[1])
   counts = np.bincount(np.concatenate(draws), minlength=n)
   expected = len(draws) * k / n  # 500; binomial std ~19.4
   assert np.all(np.abs(counts - expected) < 6 * 19.4)
-  assert runner.sample_participants(7, 1, n, n) is None
-  assert runner.sample_participants(7, 1, n, None) is None
+  assert loop.sample_participants(7, 1, n, n) is None
+  assert loop.sample_participants(7, 1, n, 0) is None  # 0: all
 
 
 @pytest.mark.parametrize("algorithm", ["augfl", "fedavg"])
 def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
-  extra = {"lam": 0.0} if algorithm == "augfl" else {}
-  full = runner.run(runner.RunConfig(algorithm=algorithm, rounds=2,
-                                     eval_every=2, **extra),
-                    str(tmp_path / "full"), log=lambda s: None,
-                    checkpoint_every=2)
-  every = runner.run(runner.RunConfig(algorithm=algorithm, rounds=2,
-                                      eval_every=2, clients_per_round=32,
-                                      **extra),
-                     str(tmp_path / "every"), log=lambda s: None,
-                     checkpoint_every=2)
+  extra = {"augfl.lam": 0.0} if algorithm == "augfl" else {}
+  full = training.run(_config(algorithm=algorithm, rounds=2, eval_every=2,
+                              **extra),
+                      str(tmp_path / "full"), log=lambda s: None,
+                      checkpoint_every=2)
+  every = training.run(_config(algorithm=algorithm, rounds=2, eval_every=2,
+                               clients_per_round=32, **extra),
+                       str(tmp_path / "every"), log=lambda s: None,
+                       checkpoint_every=2)
   assert full["final_accuracy"] == every["final_accuracy"]
   _assert_same_state(_state(tmp_path / "full", 2),
                      _state(tmp_path / "every", 2))
   # The explicit participant list of everyone takes the gather/scatter path
   # and must give the same round as participants=None.
-  config = runner.validate(runner.RunConfig(algorithm=algorithm, **extra))
-  fed, _ = runner.load_federated(config)
-  algo, params = runner.build_algorithm(config, fed, lambda s: None)
+  config = training.validate(_config(algorithm=algorithm, **extra))
+  fed, _ = wiring.load_federated(config)
+  algo, params = wiring.build_algorithm(config, fed, lambda s: None)
   state = jax.device_put(algo.init(params, fed.train.num_clients,
                                    jax.random.key(0)), jax.devices()[0])
   a, _ = algo.round(state, fed.train, None)
@@ -306,10 +343,10 @@ def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
 # Every registered algorithm; FedIT/FedOA/FedPCL adapt or encode with the
 # PM (here an mlp) and are as quick as the rest on digits.
 PARTIAL = {name: {} for name in algorithms.ALGORITHMS}
-PARTIAL["augfl"] = {"lam": 0.0}
+PARTIAL["augfl"] = {"augfl.lam": 0.0}
 for _name in ("kt_only", "fedpcl", "fedit", "fedoa"):
-  PARTIAL[_name] = dict(PM_RUN, lam=5.0)
-PARTIAL["fedlp"] = {"pm_model": "mlp"}
+  PARTIAL[_name] = dict(PM_RUN)
+PARTIAL["fedlp"] = {"pm.model": "mlp"}
 
 
 @pytest.mark.parametrize("algorithm", sorted(PARTIAL))
@@ -317,16 +354,16 @@ def test_partial_participation_touches_only_participants(pm_dir, algorithm):
   """One round with 5 of 32 clients: finite, and every client-stacked state
   row of a non-participant is unchanged."""
   extra = PARTIAL[algorithm]
-  if "pm_model" in extra:
-    extra = {**extra, "pm_dir": pm_dir}
-  config = runner.validate(runner.RunConfig(algorithm=algorithm,
-                                            clients_per_round=5, **extra))
-  fed, _ = runner.load_federated(config)
-  algo, params = runner.build_algorithm(config, fed, lambda s: None)
+  if "pm.model" in extra:
+    extra = {**extra, "pm.dir": pm_dir}
+  config = training.validate(_config(algorithm=algorithm,
+                                     clients_per_round=5, **extra))
+  fed, _ = wiring.load_federated(config)
+  algo, params = wiring.build_algorithm(config, fed, lambda s: None)
   n = fed.train.num_clients
   state = jax.device_put(algo.init(params, n, jax.random.key(1)),
                          jax.devices()[0])
-  ids = runner.sample_participants(config.seed, 1, n, 5)
+  ids = loop.sample_participants(config.seed, 1, n, 5)
   new, metrics = algo.round(state, fed.train, ids)
   assert np.isfinite(float(metrics["loss"]))
   if "client_loss" in metrics:
@@ -348,26 +385,77 @@ def test_partial_participation_touches_only_participants(pm_dir, algorithm):
 # Numbered checkpoints.
 
 
-def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path,
-                                                        monkeypatch):
-  root = tmp_path / "ckpt"
-  checkpoint.save_step(root, 3, {"w": np.arange(3.0)}, {"round": 3})
+def _tree(value):
+  return {"w": np.full(3, value, np.float32), "key": jax.random.key(7)}
 
-  class Dying:
-    def save(self, path, args):
-      os.makedirs(f"{path}.orbax-checkpoint-tmp-1")  # half written
-      raise KeyboardInterrupt
 
-  real = checkpoint._checkpointer  # pylint: disable=protected-access
-  monkeypatch.setattr(checkpoint, "_checkpointer", Dying)
-  with pytest.raises(KeyboardInterrupt):
-    checkpoint.save_step(root, 6, {"w": np.ones(3)}, {"round": 6})
-  monkeypatch.setattr(checkpoint, "_checkpointer", real)
-  assert checkpoint.latest_step(root) == 3
-  tree, meta = checkpoint.restore(checkpoint.step_path(root, 3))
-  assert meta == {"round": 3} and np.array_equal(tree["w"], np.arange(3.0))
-  # The next save completes, then removes the older one and the debris.
-  checkpoint.save_step(root, 9, {"w": np.ones(3)}, {"round": 9})
-  assert sorted(os.listdir(root)) == ["step_00000009"]
-  checkpoint.save_step(root, 12, {"w": np.ones(3)}, {"round": 12}, keep=2)
-  assert checkpoint.all_steps(root) == [9, 12]
+def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
+  root = str(tmp_path / "ckpt")
+  manager = checkpoints.RunCheckpoints(root)
+  manager.save(3, _tree(3.0), {"round": 3})
+  manager.close()
+  # A save of step 6 that died half-way: orbax's temporary directory.
+  debris = os.path.join(root, "step_6.orbax-checkpoint-tmp-1234567890")
+  os.makedirs(os.path.join(debris, "state"))
+  manager = checkpoints.RunCheckpoints(root)
+  assert manager.steps() == [3]
+  step, tree, meta = manager.restore(_tree(0.0), lambda s: None)
+  assert step == 3 and meta["round"] == 3
+  np.testing.assert_array_equal(tree["w"], np.full(3, 3.0))
+  np.testing.assert_array_equal(jax.random.key_data(tree["key"]),
+                                jax.random.key_data(jax.random.key(7)))
+  # The next saves complete; the newest two are kept, the debris is gone.
+  manager.save(9, _tree(9.0), {"round": 9})
+  manager.save(12, _tree(12.0), {"round": 12})
+  manager.close()
+  assert checkpoints.RunCheckpoints(root).steps() == [9, 12]
+  assert sorted(os.listdir(root)) == ["step_12", "step_9"]
+
+
+def test_a_save_keeps_the_metadata_as_it_was_when_saved(tmp_path):
+  """Saves run in the background: a list the caller changes after save()
+  returned (the loop's pending training losses) is saved as it was."""
+  manager = checkpoints.RunCheckpoints(str(tmp_path / "ckpt"))
+  pending = [1.0]
+  for step in range(1, 4):
+    manager.save(step, _tree(float(step)), {"pending": pending})
+    pending.append(2.0)
+  manager.wait()
+  assert [manager.read_meta(s)["pending"] for s in (2, 3)] == [
+      [1.0, 2.0], [1.0, 2.0, 2.0]]
+  manager.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(
+    tmp_path, damage):
+  root = str(tmp_path / "ckpt")
+  manager = checkpoints.RunCheckpoints(root)
+  manager.save(3, _tree(3.0), {"round": 3})
+  manager.save(6, _tree(6.0), {"round": 6})
+  manager.close()
+  state_dir = os.path.join(root, "step_6", "state")
+  if damage == "truncated":  # the arrays' files cut short (a full disk)
+    for dirpath, _, names in os.walk(os.path.join(state_dir, "d")):
+      for name in names:
+        os.truncate(os.path.join(dirpath, name), 0)
+  else:  # the recorded checksums do not match the arrays read back
+    path = os.path.join(root, "step_6", "meta", "metadata")
+    meta = json.load(open(path))
+    meta["checksums"] = {k: v ^ 1 for k, v in meta["checksums"].items()}
+    json.dump(meta, open(path, "w"))
+  lines = []
+  step, tree, _ = checkpoints.RunCheckpoints(root).restore(_tree(0.0),
+                                                           lines.append)
+  assert step == 3
+  np.testing.assert_array_equal(tree["w"], np.full(3, 3.0))
+  assert len(lines) == 1 and "step_6 is damaged" in lines[0]
+  # Every step damaged: one line naming each, and the way out.
+  path = os.path.join(root, "step_3", "meta", "metadata")
+  meta = json.load(open(path))
+  meta["checksums"] = {k: v ^ 1 for k, v in meta["checksums"].items()}
+  json.dump(meta, open(path, "w"))
+  with pytest.raises(checkpoints.CheckpointError) as e:
+    checkpoints.RunCheckpoints(root).restore(_tree(0.0), lambda s: None)
+  assert "step 6" in str(e.value) and "step 3" in str(e.value)
+  assert "--overwrite" in str(e.value) and "\n" not in str(e.value)

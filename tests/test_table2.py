@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from experiments import runner, table2
+from augfl_jax import fields, training
+from experiments import table2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("compile_cache")
 def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
                                                           monkeypatch):
   out = str(tmp_path / "table2")
-  base = runner.RunConfig(rounds=2)
+  base = training.RunConfig(rounds=2)
   args = (base, ["digits"], ["fedavg", "augfl_wo_pm"], [0], out)
   text = table2.run_table(*args)
   lines = text.splitlines()
@@ -40,26 +41,28 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
 
   def fail(*a, **k):
     raise AssertionError("recomputed a finished cell")
-  monkeypatch.setattr(runner, "run", fail)
+  monkeypatch.setattr(training, "run", fail)
   assert table2.run_table(*args) == text
   # The same directory with another configuration is refused, not reused.
-  with pytest.raises(ValueError, match="another configuration"):
-    table2.run_table(runner.RunConfig(rounds=2, lr=0.5), *args[1:])
+  with pytest.raises(ValueError, match="another configuration") as e:
+    table2.run_table(fields.replace(training.RunConfig(rounds=2),
+                                    **{"fedavg.lr": 0.5}), *args[1:])
+  assert "fedavg.lr: 0.05 -> 0.5" in str(e.value)
 
 
 def test_more_rounds_continue_the_finished_cells(tmp_path):
   out = str(tmp_path / "table2")
   lines = []
-  table2.run_table(runner.RunConfig(rounds=1), ["digits"], ["fedavg"], [0],
+  table2.run_table(training.RunConfig(rounds=1), ["digits"], ["fedavg"], [0],
                    out)
-  real_run = runner.run
+  real_run = training.run
 
   def run(*a, **k):
     lines.append(k["resume"])
     return real_run(*a, **k)
   with pytest.MonkeyPatch.context() as m:
-    m.setattr(runner, "run", run)
-    table2.run_table(runner.RunConfig(rounds=2), ["digits"], ["fedavg"],
+    m.setattr(training, "run", run)
+    table2.run_table(training.RunConfig(rounds=2), ["digits"], ["fedavg"],
                      [0], out)
   assert lines == [True]  # resumed from its round-1 checkpoint
   rows = list(csv.DictReader(open(os.path.join(out, "table2.csv"))))

@@ -6,7 +6,7 @@ second, before anything is loaded or compiled.
 
 Search order for a dataset with files (the first place that has them wins):
 
-1. ``data_dir`` (``--data_dir``): its IDX files, directly in it or in a
+1. ``data_dir`` (``--data.data_dir``): its IDX files, directly in it or in a
    sub-directory named after the dataset, or a tfds prepared copy under it;
 2. ``$AUGFL_JAX_DATA_DIR``, searched the same way;
 3. the system directory of a distribution package (Debian's
@@ -85,8 +85,8 @@ def _emnist(split: str, num_classes: int, num_clients: int,
       how_to_get=(
           "download the official EMNIST archive "
           "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip on a machine "
-          "with internet access, unzip it and pass --data_dir=<its gzip/ "
-          f"directory> (only the two {prefix}train-* files are read)"))
+          "with internet access, unzip it and pass --data.data_dir=<its "
+          f"gzip/ directory> (only the two {prefix}train-* files are read)"))
 
 
 _DATASETS = (
@@ -99,18 +99,19 @@ _DATASETS = (
             "on Debian or Ubuntu `sudo apt-get install dataset-fashion-mnist`"
             " (found without any flag), or put the IDX files of "
             "https://github.com/zalandoresearch/fashion-mnist in a directory "
-            "and pass --data_dir=DIR")),
+            "and pass --data.data_dir=DIR")),
     DatasetSpec(
         name="mnist", num_classes=10, num_clients=50, server_size=10000,
         idx_files=_MNIST_FILES, tfds_name="mnist", subdirs=("mnist",),
         how_to_get=("put the MNIST train IDX files (the original "
-                    "distribution) in a directory and pass --data_dir=DIR")),
+                    "distribution) in a directory and pass "
+                    "--data.data_dir=DIR")),
     DatasetSpec(
         name="kmnist", num_classes=10, num_clients=50, server_size=10000,
         idx_files=_MNIST_FILES, tfds_name="kmnist", subdirs=("kmnist",),
         how_to_get=("put the KMNIST train IDX files of "
                     "https://github.com/rois-codh/kmnist in a directory and "
-                    "pass --data_dir=DIR")),
+                    "pass --data.data_dir=DIR")),
     _emnist("letters", 26, 100, label_offset=1),
     _emnist("balanced", 47, 100),
     _emnist("digits", 10, 100),
@@ -122,7 +123,7 @@ _DATASETS = (
         how_to_get=(
             f"prepare it once on a machine with internet access (`tfds build "
             f"{name} --data_dir=DIR`, or in Python `tfds.load({name!r}, "
-            "data_dir=DIR)`), copy DIR here and pass --data_dir=DIR"))
+            "data_dir=DIR)`), copy DIR here and pass --data.data_dir=DIR"))
       for name, classes, clients in (("cifar10", 10, 50),
                                      ("cifar100", 100, 100))),
     DatasetSpec(name="digits", num_classes=10, num_clients=40,
@@ -221,7 +222,7 @@ def locate(name: str, data_dir: str | None = None) -> Location:
 
   Args:
     name: a dataset name or alias.
-    data_dir: ``--data_dir``, searched first (``~`` is expanded).
+    data_dir: ``--data.data_dir``, searched first (``~`` is expanded).
 
   Returns:
     The :class:`Location` (``kind="embedded"`` for digits and synthetic).

@@ -13,6 +13,7 @@ previous step, saying so, when the newest is truncated or corrupt.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from typing import Any, Callable
@@ -60,6 +61,11 @@ class RunCheckpoints:
             enable_async_checkpointing=True,
             cleanup_tmp_directories=True))
 
+  def reload(self) -> None:
+    """Reads the steps on disk again (after the directory was cleared by
+    ``--overwrite``, the cached steps would refuse to save them again)."""
+    self._manager.reload()
+
   def steps(self) -> list[int]:
     """The finished steps, ascending."""
     return sorted(self._manager.all_steps())
@@ -72,9 +78,11 @@ class RunCheckpoints:
     The arrays are on the host when this returns (``state`` may then be
     donated); :meth:`wait` waits for the files."""
     os.makedirs(self.directory, exist_ok=True)
+    # A copy taken now: the save runs in the background, and the caller may
+    # change what ``meta`` holds (the loop appends to its pending losses).
+    meta = json.loads(json.dumps({**meta, "checksums": checksums(state)}))
     self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave({**meta, "checksums": checksums(state)})),
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
         force=True)
     return self.path(step)
 

@@ -187,6 +187,15 @@ def run(config: RunConfig, output_dir: str,
 def _run_locked(config, out, log, checkpoint_every, resume, overwrite,
                 transform_data, stop) -> dict[str, Any]:
   checkpoints = RunCheckpoints(out.file("checkpoints"))
+  try:
+    return _train(config, out, checkpoints, log, checkpoint_every, resume,
+                  overwrite, transform_data, stop)
+  finally:  # a save in flight completes even when an exception stops the run
+    checkpoints.close()
+
+
+def _train(config, out, checkpoints, log, checkpoint_every, resume,
+           overwrite, transform_data, stop) -> dict[str, Any]:
   start_round = _plan(config, out, checkpoints, resume, overwrite, log) or 0
   if start_round == config.rounds and os.path.exists(
       out.file("summary.json")):
@@ -199,12 +208,12 @@ def _run_locked(config, out, log, checkpoint_every, resume, overwrite,
     fed = transform_data(fed)
     if isinstance(fed, tuple):
       fed, description = fed
-  log(description)
-  algo, params = wiring.build_algorithm(config, fed, log)
   num_clients = fed.train.num_clients
-  if config.clients_per_round > num_clients:
+  if config.clients_per_round > num_clients:  # before anything compiles
     raise ValueError(f"--clients_per_round={config.clients_per_round} is "
                      f"more than the {num_clients} training clients")
+  log(description)
+  algo, params = wiring.build_algorithm(config, fed, log)
   run_key = jax.random.split(jax.random.key(config.seed))[1]
   state = _committed(algo.init(params, num_clients, run_key))
   if stop.signum is not None:
@@ -223,10 +232,12 @@ def _run_locked(config, out, log, checkpoint_every, resume, overwrite,
     log(f"resuming from round {start_round} ({checkpoints.path(start_round)})")
   else:
     out.clear_own()
-    checkpoints = RunCheckpoints(out.file("checkpoints"))  # none now
+    checkpoints.reload()  # --overwrite removed the old steps
     out.claim()
-    out.write_json("config.json", fields.to_dict(config))
-    out.write_text("partition.txt", description + "\n")
+  # What runs now (a resumed run may differ in RESUMABLE_FIELDS: rounds,
+  # strategy, the data's directory, ...).
+  out.write_json("config.json", fields.to_dict(config))
+  out.write_text("partition.txt", description + "\n")
   out.write_records("metrics.jsonl", history)  # none past the checkpoint
 
   fused = not (presets.pm_role(config) == "regularizer" and
