@@ -2,21 +2,37 @@ r"""Learning curves of runs, like the paper's Fig. 2.
 
   python -m experiments.plot RUN_DIR [RUN_DIR ...] --output curves.png
 
-Each RUN_DIR is one run's output directory (with ``metrics.jsonl`` and
-``config.json``) or a directory holding several of them (e.g. a sweep cell
-with one sub-directory per seed). Runs with the same label (``--label_by``
-fields of their config, default the algorithm) are drawn as one curve: the
-mean over seeds with a band of ± one standard deviation. Two panels:
-test-client accuracy and training loss against the round.
+Each RUN_DIR is a run's output directory (``metrics.jsonl``, ``config.json``)
+or holds several (a sweep: one sub-directory per cell and seed).
+
+A curve is one configuration: runs whose ``config.json`` agree but for
+``REPEAT_FIELDS`` (the seed, and choices that do not change the maths) are
+repeats, drawn as their mean ± std across seeds over their common rounds.
+Runs that differ in anything else are never merged: a curve's label is the
+fields that differ between curves (one that changes only with the
+algorithm, or a path, is named under the figure instead, unless needed to
+tell curves apart), and a ``--label_by`` that would give two configurations
+one label is refused, naming the fields that differ. Flat and nested configs
+(``{"augfl": {"lam": 5}}``) are compared flattened (``augfl.lam``); an
+absent field counts as ``null``. Runs of several datasets are refused rather
+than drawn as several figures: their accuracies are on different test
+clients, and ``--output`` names one file, so nothing unnamed is written.
+Two runs of one configuration and seed are refused too (which one counts?).
+
+Panels: test-client accuracy; test loss (the query cross-entropy after
+adaptation, the same quantity for every method); training loss, a panel per
+algorithm, since each algorithm's is its own objective (AugFL's query loss
+after adaptation, FedAvg's local SGD loss, KT-only's R_h).
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import json
+import math
 import os
 import sys
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from absl import app
 from absl import flags
@@ -26,98 +42,300 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from augfl_jax import training
+
 FLAGS = flags.FLAGS
+
+# Fields that may differ between repeats of one configuration (matched on a
+# key's last dotted part): the seed, and run control or implementation
+# choices that do not change the maths (the runner's RESUMABLE_FIELDS: how
+# long, how often evaluated, where the data is, how clients are laid out on
+# the device); and every field of the sections in REPEAT_SECTIONS.
+REPEAT_FIELDS = tuple(sorted(
+    {name.split(".")[-1] for name in ("seed",) + training.RESUMABLE_FIELDS}
+    | {"kt_loop"}))  # kt_loop: runs written before crd.loop
+REPEAT_SECTIONS = ("output", "run")
+ALGORITHM, DATASET, SEED = "algorithm", "dataset", "seed"  # top-level keys
+
+
+class PlotError(ValueError):
+  """Runs that cannot be plotted as asked (one line saying why)."""
+
+
+@dataclasses.dataclass
+class Curve:
+  """One configuration's runs: ``metrics``: accuracy, test_loss, train_loss
+  (those all its runs have) as arrays [runs, len(rounds)]; ``folded``: the
+  fields that also differ between curves, named under the figure."""
+  label: str
+  algorithm: str
+  runs: list[str]
+  rounds: list[int]
+  metrics: dict[str, np.ndarray]
+  folded: tuple[str, ...] = ()
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+  """``{"augfl": {"lam": 5}}`` -> ``{"augfl.lam": 5}``; lists stay values."""
+  flat = {}
+  for key, value in config.items():
+    flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict)
+                else {prefix + key: value})
+  return flat
 
 
 def find_runs(paths: Iterable[str]) -> list[str]:
   """Every directory under ``paths`` that holds a ``metrics.jsonl``."""
-  runs = []
-  for path in paths:
-    for root, _, files in sorted(os.walk(path)):
-      if "metrics.jsonl" in files:
-        runs.append(root)
-  return runs
+  return [root for path in paths for root, _, files in sorted(os.walk(path))
+          if "metrics.jsonl" in files]
 
 
-def load_run(run_dir: str) -> tuple[dict, list[dict]]:
-  """``(config, records)`` of one run."""
-  with open(os.path.join(run_dir, "config.json")) as f:
-    config = json.load(f)
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  return config, records
+def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict]]:
+  """``(flattened config, metric records)`` of one run."""
+  try:
+    with open(os.path.join(run_dir, "config.json")) as f:
+      config = json.load(f)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+  except (OSError, ValueError) as e:
+    raise PlotError(f"{run_dir}: unreadable run ({e})") from e
+  if not isinstance(config, dict):
+    raise PlotError(f"{run_dir}: config.json is not a JSON object")
+  if not all(isinstance(r, dict) and "round" in r for r in records):
+    raise PlotError(f"{run_dir}: a metrics.jsonl record has no round")
+  return flatten(config), records
 
 
-def config_value(config: dict, name: str):
-  """The value of field ``name`` (a dotted path such as ``augfl.lam``) in a
-  run's nested ``config.json``; ``None`` when it has none."""
-  for part in name.split("."):
-    if not isinstance(config, dict):
-      return None
-    config = config.get(part)
-  return config
+def _is_repeat_field(key: str) -> bool:
+  return (key.split(".")[-1] in REPEAT_FIELDS
+          or key.split(".")[0] in REPEAT_SECTIONS)
 
 
-def group_curves(run_dirs: Sequence[str], label_by: Sequence[str]):
-  """``{label: (rounds, accuracy [seeds, T], train_loss [seeds, T])}``.
+def _ident(value: Any) -> str:
+  return json.dumps(value, sort_keys=True)
 
-  ``label_by``: config fields by their dotted names. Runs of one label are
-  cut to the rounds they all have.
+
+def _format(values: list[Any]) -> list[str]:
+  """Readable text of one field's values: floats with the fewest digits
+  (from 6) that keep distinct values distinct, bools as true/false."""
+  floats = {v for v in values if isinstance(v, float)}
+  digits = next((p for p in (6, 8, 10, 12, 17)
+                 if len({f"{v:.{p}g}" for v in floats}) == len(floats)), 17)
+  return [f"{v:.{digits}g}" if isinstance(v, float) else
+          v if isinstance(v, str) else _ident(v) for v in values]
+
+
+def _sort_key(v: Any) -> tuple:
+  """None first, then numbers by value, then text."""
+  return ((0,) if v is None else (1, float(v)) if isinstance(
+      v, (bool, int, float)) else (2, v if isinstance(v, str) else _ident(v)))
+
+
+def _short_names(keys: set[str]) -> dict[str, str]:
+  """Each key without its leading sections where no other key ends alike
+  (``augfl.lam`` -> ``lam``)."""
+  short = {}
+  for key in keys:
+    parts = key.split(".")
+    tails = [".".join(parts[i:]) for i in range(len(parts) - 1, 0, -1)]
+    short[key] = next((t for t in tails if sum(
+        k == t or k.endswith("." + t) for k in keys) == 1), key)
+  return short
+
+
+def _differing(configs: list[dict], keys: Iterable[str]) -> list[str]:
+  """The ``keys`` whose values differ between ``configs``, the shortest of
+  keys with the same values (``lam`` for ``lam``, ``algorithm_config.lam``);
+  the algorithm first."""
+  columns = {}
+  for key in sorted(keys, key=lambda k: (k.count("."), len(k), k)):
+    column = tuple(_ident(c.get(key)) for c in configs)
+    if len(set(column)) > 1:
+      columns.setdefault(column, key)
+  return sorted(columns.values(), key=lambda k: (k != ALGORITHM, k))
+
+
+def _collisions(configs: list[dict], fields: list[str]) -> list[tuple]:
+  """Pairs ``(i, j)`` of ``configs`` with the same values of ``fields``."""
+  keys = [tuple(_ident(c.get(f)) for f in fields) for c in configs]
+  return [(keys.index(key), j) for j, key in enumerate(keys)
+          if keys.index(key) != j]
+
+
+def _auto_fields(configs: list[dict], keys: set[str]):
+  """``(label fields, folded fields)``: the fields that differ, but for a
+  path (``*dir``) and, when the algorithm differs, a field constant among
+  each algorithm's configs (folded, unless needed to tell curves apart)."""
+  fields = _differing(configs, keys)
+  algos = [c.get(ALGORITHM) for c in configs]
+  def implied(key):
+    return ALGORITHM in fields and key != ALGORITHM and all(
+        len({_ident(c.get(key)) for c, a in zip(configs, algos) if a == al})
+        == 1 for al in set(algos))
+  spare = [f for f in fields if f.split(".")[-1].endswith("dir") or implied(f)]
+  chosen = [f for f in fields if f not in spare]
+  for f in spare:
+    if any(_ident(configs[i].get(f)) != _ident(configs[j].get(f))
+           for i, j in _collisions(configs, chosen)):
+      chosen.append(f)
+  return chosen, [f for f in spare if f not in chosen]
+
+
+def _curve(label: str, algorithm: str, runs: list, folded) -> Curve:
+  """The curve of ``runs`` ([(run_dir, records)]) over their common rounds
+  (a run may have stopped earlier or been evaluated more often)."""
+  by_round = [{r["round"]: r for r in records} for _, records in runs]
+  common = sorted(set.intersection(*(set(b) for b in by_round)))
+  if not common:
+    raise PlotError(f"runs {', '.join(d for d, _ in runs)} of one "
+                    "configuration share no evaluated round")
+  metrics = {name: np.array([[float(b[t][name]) for t in common]
+                             for b in by_round])
+             for name in ("accuracy", "test_loss", "train_loss")
+             if all(name in b[t] for b in by_round for t in common)}
+  return Curve(label, algorithm, [d for d, _ in runs], common, metrics,
+               tuple(folded))
+
+
+def group_curves(run_dirs: Sequence[str],
+                 label_by: Sequence[str] | None = None) -> list[Curve]:
+  """One curve per configuration (see the module docstring), sorted by the
+  label fields' values (numbers numerically), then by label.
+
+  Raises:
+    PlotError: an unreadable run, runs of several datasets, a ``label_by``
+      that would merge different configurations, or nothing to draw.
   """
-  grouped = collections.defaultdict(list)
+  groups, seeds = {}, {}
   for run_dir in run_dirs:
     config, records = load_run(run_dir)
-    if not records:
-      continue
-    label = ", ".join(f"{config_value(config, k)}" if len(label_by) == 1 else
-                      f"{k}={config_value(config, k)}" for k in label_by)
-    grouped[label].append(records)
-  curves = {}
-  for label, runs in grouped.items():
-    length = min(len(r) for r in runs)
-    rounds = [rec["round"] for rec in runs[0][:length]]
-    acc = np.array([[rec["accuracy"] for rec in r[:length]] for r in runs])
-    loss = np.array([[rec["train_loss"] for rec in r[:length]] for r in runs])
-    curves[label] = (rounds, acc, loss)
-  return curves
+    seed = config.get(SEED)
+    config = {k: v for k, v in config.items() if not _is_repeat_field(k)}
+    if records:  # a run not evaluated yet has nothing to draw
+      key = _ident({k: v for k, v in config.items() if v is not None})
+      groups.setdefault(key, (config, []))[1].append((run_dir, records))
+      if seed is not None and (key, seed) in seeds:
+        raise PlotError(f"{seeds[key, seed]} and {run_dir} are one "
+                        f"configuration and seed ({seed}): pass only one")
+      seeds[key, seed] = run_dir
+  if not groups:
+    raise PlotError("no run has an evaluated round yet")
+  configs = [config for config, _ in groups.values()]
+  datasets = sorted({str(c.get(DATASET)) for c in configs})
+  if len(datasets) > 1:
+    raise PlotError(f"runs of {len(datasets)} datasets ({', '.join(datasets)})"
+                    " are not comparable on one axis: plot each dataset's "
+                    "runs separately")
+  keys = set().union(*configs)
+  short = _short_names(keys)
+  fields, folded = _auto_fields(configs, keys) if not label_by else ([], [])
+  for name in label_by or ():  # a key, else every key ending in ".name"
+    found = [name] if name in keys else sorted(
+        k for k in keys if k.endswith("." + name))
+    if not found:
+      raise PlotError(f"--label_by: no field {name!r} in the runs' configs")
+    fields += found
+  for i, j in _collisions(configs, fields):
+    differ = ", ".join(short[f] for f in _differing([configs[i], configs[j]],
+                                                    keys))
+    raise PlotError(f"--label_by={','.join(label_by)} would merge runs that "
+                    f"differ in {differ}: add those fields to --label_by, or "
+                    "leave it unset")
+  texts = {f: _format([c.get(f) for c in configs]) for f in fields}
+  curves = []
+  for i, (config, runs) in enumerate(groups.values()):
+    algorithm = str(config.get(ALGORITHM))
+    label = ", ".join(
+        texts[f][i] if f == ALGORITHM else f"{short[f]}={texts[f][i]}"
+        for f in fields if config.get(f) is not None) or algorithm
+    order = tuple(_sort_key(config.get(f)) for f in fields)
+    curves.append((order, label, _curve(label, algorithm, runs,
+                                        [short[f] for f in folded])))
+  if len({label for _, label, _ in curves}) < len(curves):
+    raise PlotError("two configurations print as one label: pass --label_by")
+  return [curve for _, _, curve in sorted(curves, key=lambda c: c[:2])]
 
 
-def plot_curves(curves, output: str, title: str = "") -> None:
-  """Writes the two-panel figure of ``group_curves``' output to ``output``."""
-  fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
-  for label, (rounds, acc, loss) in curves.items():
-    for ax, values, scale in ((ax_acc, acc, 100.0), (ax_loss, loss, 1.0)):
+def make_figure(curves: Sequence[Curve], title: str = ""):
+  """Panels of accuracy, test loss, and training loss per algorithm, one
+  colour per curve throughout, one legend; notes under the panels."""
+  algorithms = list(dict.fromkeys(c.algorithm for c in curves))
+  panels = [("accuracy", "test-client accuracy", None)]
+  if any("test_loss" in c.metrics for c in curves):
+    panels.append(("test_loss", "test loss (query CE after adaptation)", None))
+  panels += [("train_loss", "training loss" + (
+      f": {a}" if len(algorithms) > 1 else ""), a) for a in algorithms]
+  ncols = min(3, len(panels))
+  nrows = math.ceil(len(panels) / ncols)
+  fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows),
+                           squeeze=False)
+  colors = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
+  handles = {}
+  for ax, (metric, name, algorithm) in zip(axes.flat, panels):
+    scale, positive = (100.0 if metric == "accuracy" else 1.0), True
+    for k, curve in enumerate(curves):
+      values = curve.metrics.get(metric)
+      if values is None or algorithm not in (None, curve.algorithm):
+        continue
       mean, std = scale * values.mean(0), scale * values.std(0)
-      (line,) = ax.plot(rounds, mean, label=f"{label} (n={len(values)})")
-      ax.fill_between(rounds, mean - std, mean + std, alpha=0.2,
+      positive &= bool(np.all(values > 0))
+      (line,) = ax.plot(curve.rounds, mean, color=colors(k % colors.N),
+                        marker="o" if len(curve.rounds) < 4 else None)
+      ax.fill_between(curve.rounds, mean - std, mean + std, alpha=0.2,
                       color=line.get_color())
-  ax_acc.set(xlabel="round", ylabel="test-client accuracy (%)")
-  ax_loss.set(xlabel="round", ylabel="training loss", yscale="log")
-  ax_acc.legend(fontsize="small")
-  ax_acc.grid(alpha=0.3)
-  ax_loss.grid(alpha=0.3)
+      handles.setdefault(k, (line, f"{curve.label} (n={len(values)})"))
+    ax.set(title=name, xlabel="round", ylabel=(
+        "%, " if metric == "accuracy" else "") + "mean ± std across seeds")
+    if metric == "train_loss" and positive:
+      ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+  for ax in axes.flat[len(panels):]:
+    ax.axis("off")
+  fig.legend(*zip(*(handles[k] for k in sorted(handles))), loc="center left",
+             bbox_to_anchor=(1.0, 0.5), fontsize="small")
+  notes = []
+  if len(algorithms) > 1:
+    notes.append("Training losses are each algorithm's own objective, not "
+                 "comparable across algorithms: one panel each.")
+  if curves[0].folded:
+    notes.append("Fields that also differ, along with those in the legend: "
+                 + ", ".join(curves[0].folded[:8])
+                 + (", ..." if len(curves[0].folded) > 8 else "."))
   if title:
     fig.suptitle(title)
   fig.tight_layout()
+  for i, note in enumerate(notes):  # under the panels (saved bbox "tight")
+    fig.text(0.01, -0.01 - 0.06 * i / nrows, note, va="top", fontsize="small")
+  return fig
+
+
+def plot_curves(curves: Sequence[Curve], output: str, title: str = "") -> None:
+  """Writes ``make_figure(curves, title)`` to the PNG ``output``."""
+  fig = make_figure(curves, title)
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-  fig.savefig(output, dpi=120)
+  fig.savefig(output, dpi=120, bbox_inches="tight")
   plt.close(fig)
 
 
 def main(argv):
-  runs = find_runs(argv[1:])
-  if not runs:
-    print(f"error: no run directories (with metrics.jsonl) under "
-          f"{' '.join(argv[1:]) or 'the arguments'}", file=sys.stderr)
+  try:
+    runs = find_runs(argv[1:])
+    if not runs:
+      raise PlotError("no run directories (with metrics.jsonl) under "
+                      f"{' '.join(argv[1:]) or 'the arguments'}")
+    curves = group_curves(runs, FLAGS.label_by)
+    plot_curves(curves, FLAGS.output, FLAGS.title)
+  except PlotError as e:
+    print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  plot_curves(group_curves(runs, FLAGS.label_by), FLAGS.output, FLAGS.title)
-  print(f"{len(runs)} runs -> {FLAGS.output}")
+  print(f"{len(runs)} runs, {len(curves)} curves "
+        f"({'; '.join(c.label for c in curves)}) -> {FLAGS.output}")
 
 
 if __name__ == "__main__":
   flags.DEFINE_string("output", "curves.png", "PNG file to write")
-  flags.DEFINE_list("label_by", ["algorithm"],
-                    "config fields that name a curve (dotted names: "
-                    "augfl.lam)")
+  flags.DEFINE_list("label_by", [],
+                    "config fields that name a curve (dotted, e.g. augfl.lam, "
+                    "or a field's last part); default: the fields that differ")
   flags.DEFINE_string("title", "", "figure title")
   app.run(main)
