@@ -186,7 +186,9 @@ def test_models_conv_impls_agree(name, shape, kwargs):
 
 _SHARDED_SCRIPT = textwrap.dedent("""
     import os
+    # 8 fake devices of the CPU platform, also on a machine with a GPU.
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp, numpy as np
     from augfl_jax import augfl, clients
     from augfl_jax.types import ClientData
@@ -215,9 +217,36 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_on_8_fake_devices_matches_single_device():
-  """Two AugFL rounds: sharded over 8 CPU devices == vmap on one (1e-5)."""
+  """Two AugFL rounds: sharded over 8 CPU devices == vmap on one (1e-5).
+
+  The subprocess asks for 8 fake devices of the CPU platform (and only that
+  platform), so it runs the same on a machine with or without a GPU;
+  ``test_sharded_on_the_real_devices`` runs on the machine's own devices.
+  """
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=root)
   proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], cwd=root,
                         env=env, capture_output=True, text=True, timeout=300)
   assert "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_sharded_on_the_real_devices():
+  """One AugFL round sharded over this process's real devices == vmap."""
+  from augfl_jax import augfl  # pylint: disable=g-import-not-at-top
+  from tests import tiny  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()
+  if len(devices) < 2:
+    pytest.skip(f"needs >= 2 devices of the default backend, this process "
+                f"has {len(devices)} ({devices[0].platform}); sharding is "
+                "tested on 8 fake CPU devices by "
+                "test_sharded_on_8_fake_devices_matches_single_device")
+  num = len(devices) + 1  # not a multiple of the mesh: exercises the padding
+  data = tiny.client_data(seed=1, num_clients=num, pad_to=6)
+  params = tiny.init(jax.random.PRNGKey(1))
+  cfg = augfl.AugFLConfig()
+  out = {}
+  for name in ("vmap", "sharded", "sharded:map"):
+    round_fn = augfl.make_round(tiny.loss_fn, cfg, name)
+    out[name], _ = round_fn(augfl.init_state(params, num), data)
+  for name in ("sharded", "sharded:map"):
+    chex.assert_trees_all_close(out[name], out["vmap"], rtol=1e-5, atol=1e-6)
