@@ -6,6 +6,8 @@ The public API, by module:
   ``AugFLConfig``, ``AugFLState`` (Eqs. (7), (10)-(13)).
 * ``hvp``: finite-difference and exact Hessian-vector products.
 * ``clients``: how the client axis runs (``map_clients``, strategies).
+* ``distributed``: a round's inputs as global arrays, for the ``"sharded"``
+  strategy across processes (``jax.distributed``).
 * ``evaluation``: fast adaptation on held-out clients; ``summarise``, the
   accuracy summary of every evaluator.
 * ``algorithms``: every method under one interface (``algorithms.REGISTRY``
@@ -20,6 +22,7 @@ from augfl_jax import algorithms
 from augfl_jax import augfl
 from augfl_jax import clients
 from augfl_jax import data
+from augfl_jax import distributed
 from augfl_jax import evaluation
 from augfl_jax import hvp
 from augfl_jax import local

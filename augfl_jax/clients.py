@@ -33,18 +33,13 @@ what ``strategy=None`` (the default of every ``make_round`` and evaluator)
 and the name ``"auto"`` mean; ``as_strategy`` resolves them when a round is
 built, so the jitted functions see a concrete strategy.
 
-Several hosts: the same program runs unchanged across hosts. Call
+Several processes (hosts): the same program runs unchanged. Call
 ``jax.distributed.initialize()`` (coordinator address, process count and id;
 on TPU pods and SLURM they are detected) in every process before any other
-JAX call; ``jax.devices()`` then lists the devices of all hosts, so the
-default ``"sharded"`` mesh spans them, and each process feeds its part of the
-client data, e.g.::
-
-  jax.distributed.initialize()
-  strategy = ClientStrategy("sharded", inner="map")
-  sharding = client_sharding(strategy)
-  clients = jax.make_array_from_process_local_data(sharding, local_clients)
-  state, metrics = round_fn(state, clients)
+JAX call; ``jax.devices()`` then lists the devices of all processes, so the
+default ``"sharded"`` mesh spans them. Every process runs the same Python
+program, on global arrays: ``augfl_jax.distributed`` places a round's inputs
+(per-client leaves split on the client axis, shared ones replicated).
 """
 
 from __future__ import annotations

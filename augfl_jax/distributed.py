@@ -1,0 +1,132 @@
+"""A round across processes: placing its inputs as global arrays.
+
+Under ``jax.distributed.initialize()`` every process runs the same Python
+program and ``jax.devices()`` lists the devices of all processes, so the
+``"sharded"`` client strategy's default mesh (``clients.client_mesh``)
+spans them and ``augfl.make_round(..., strategy="sharded:map")`` runs the
+client axis on all of them: each device its own clients, the server's sums
+over clients (Eq. (13)) an XLA all-reduce across processes. What the
+processes must agree on is the round's inputs, as global ``jax.Array``s:
+
+* per-client leaves (``[C, ...]``: client data, duals, client models, round
+  counters) split on the client axis: ``shard_clients`` when every process
+  can build all of them (e.g. from one seed), ``shard_local_clients`` when
+  each process loaded only its own clients (``local_client_range``);
+* everything shared by all clients (the server model, scalars) whole on
+  every device: ``replicate``.
+
+``C`` must be a multiple of the number of devices (global arrays are split
+evenly). The outputs stay global: per-client leaves split as the inputs,
+the server model replicated; ``jax.experimental.multihost_utils.
+process_allgather`` brings a per-client leaf whole to every process.
+In one process the same functions place the data on its local devices.
+
+Example (every process; ``tests/test_distributed.py`` runs it on 2
+processes x 4 CPU devices and gets the single-process numbers, ``BUILD.md``
+launches it on several hosts)::
+
+  jax.distributed.initialize()   # before any other JAX call
+  strategy = clients.as_strategy("sharded:map")
+  state = augfl.init_state(params, num_clients)
+  state = state.replace(
+      params=distributed.replicate(state.params, strategy),
+      duals=distributed.shard_clients(state.duals, strategy),
+      client_params=distributed.shard_clients(state.client_params, strategy),
+      client_rounds=distributed.shard_clients(state.client_rounds, strategy),
+      round=distributed.replicate(state.round, strategy))
+  lo, hi = distributed.local_client_range(num_clients, strategy)
+  data = distributed.shard_local_clients(load_clients(lo, hi), strategy)
+  state, metrics = augfl.make_round(loss_fn, config, strategy)(state, data)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from augfl_jax.clients import (
+    ClientStrategy, as_strategy, client_mesh, client_sharding)
+
+
+def replicated_sharding(strategy: str | ClientStrategy) -> NamedSharding:
+  """``NamedSharding`` that keeps a whole copy on every device of the mesh."""
+  return NamedSharding(client_mesh(as_strategy(strategy)), PartitionSpec())
+
+
+def replicate(tree: Any, strategy: str | ClientStrategy) -> Any:
+  """Places ``tree`` (the same value in every process) whole on every
+  device of the strategy's mesh: the server model, scalars, anything that
+  all clients share. Works in one process and across processes."""
+  sharding = replicated_sharding(strategy)
+  return jax.tree.map(
+      lambda leaf: jax.make_array_from_callback(
+          np.shape(leaf), sharding, lambda idx, a=np.asarray(leaf): a[idx]),
+      tree)
+
+
+def _check_divisible(num: int, strategy: ClientStrategy) -> int:
+  shards = client_mesh(strategy).shape[strategy.axis_name]
+  if num % shards:
+    raise ValueError(
+        f"{num} clients cannot be split evenly over the {shards} devices of "
+        f"the mesh axis {strategy.axis_name!r}; use a multiple of {shards} "
+        "clients (global arrays are split evenly)")
+  return shards
+
+
+def shard_clients(tree: Any, strategy: str | ClientStrategy) -> Any:
+  """Global arrays of ``tree``'s ``[C, ...]`` leaves, split on the client axis.
+
+  ``tree`` holds ALL clients and is the same in every process (e.g. built
+  from one seed); each process copies only the rows of its own devices to
+  them. For data that each process loaded for its own clients only, use
+  ``shard_local_clients``. ``C`` must be a multiple of the mesh axis size.
+  """
+  strategy = as_strategy(strategy)
+  sharding = client_sharding(strategy)
+
+  def put(leaf):
+    leaf = np.asarray(leaf)
+    _check_divisible(leaf.shape[0], strategy)
+    return jax.make_array_from_callback(leaf.shape, sharding,
+                                        lambda idx: leaf[idx])
+
+  return jax.tree.map(put, tree)
+
+
+def local_client_range(num_clients: int, strategy: str | ClientStrategy
+                       ) -> tuple[int, int]:
+  """``(lo, hi)``: the clients ``lo .. hi - 1`` whose rows this process holds
+  in a global ``[num_clients, ...]`` array split by ``client_sharding``.
+
+  With the default mesh (``jax.devices()``, ordered by process) they are a
+  contiguous block; raises ``ValueError`` if a custom mesh interleaves them.
+  """
+  strategy = as_strategy(strategy)
+  _check_divisible(num_clients, strategy)
+  index_map = client_sharding(strategy).addressable_devices_indices_map(
+      (num_clients,))
+  starts = sorted({idx[0].indices(num_clients)[:2] for idx in
+                   index_map.values()})
+  lo, hi = starts[0][0], starts[-1][1]
+  if sum(b - a for a, b in starts) != hi - lo:
+    raise ValueError("this process's clients are not contiguous in the "
+                     "mesh; order the mesh's devices by process")
+  return lo, hi
+
+
+def shard_local_clients(local_tree: Any, strategy: str | ClientStrategy
+                        ) -> Any:
+  """Global ``[C, ...]`` arrays from each process's own clients.
+
+  ``local_tree`` holds the rows ``local_client_range(C, strategy)`` of this
+  process (leaves ``[hi - lo, ...]``); together the processes hold all ``C``
+  clients. In a single process this is ``shard_clients``.
+  """
+  sharding = client_sharding(strategy)
+  return jax.tree.map(
+      lambda leaf: jax.make_array_from_process_local_data(
+          sharding, np.asarray(leaf)), local_tree)
