@@ -191,12 +191,27 @@ def python_loop_reference(problem: Problem) -> Callable[[], Any]:
   return run
 
 
-def torch_reference(problem: Problem, threads: int = 0
+def torch_device() -> str:
+  """Where the PyTorch references run: ``"cuda"`` when PyTorch sees a CUDA
+  device, else ``"cpu"``. Raises ImportError without torch."""
+  import torch  # pylint: disable=g-import-not-at-top
+  return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_reference(problem: Problem, threads: int = 0, vmap: bool = False,
+                    device: str | None = None
                     ) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-  """The per-client PyTorch round on the same weights and data.
+  """The PyTorch round on the same weights and data.
+
+  ``vmap=False``: the per-client loop (``torch_reference.augfl_round``,
+  ``torch.autograd.grad``, the authors' way); ``vmap=True``: one client's
+  step with ``torch.func.grad`` under ``torch.func.vmap`` over clients
+  (``torch_reference.augfl_round_vmap``).
 
   ``threads``: ``torch.set_num_threads`` for this reference (0: PyTorch's
-  default at first use).
+  default at first use); ignored on CUDA. ``device``: ``"cpu"``, ``"cuda"``,
+  or None for ``torch_device()`` (CUDA when present). A CUDA round ends with
+  ``torch.cuda.synchronize()``, so that timing it times the work.
 
   Returns ``(run, to_jax)``: ``run()`` is one round, ``to_jax(result)`` its
   theta^{t+1} in the JAX tree layout. Raises ImportError without torch.
@@ -204,26 +219,48 @@ def torch_reference(problem: Problem, threads: int = 0
   import torch  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from benchmarks import torch_reference as tr
+  device = device or torch_device()
   threads = threads if threads > 0 else _TORCH_DEFAULT_THREADS.setdefault(
       "n", torch.get_num_threads())
   cfg = AUGFL_CONFIG
   num = problem.clients.num_clients
   theta, forward = tr.from_jax(problem.model_name, problem.params)
-  as_t = lambda a, dt=np.float32: torch.from_numpy(np.asarray(a).astype(dt))
-  data = []
-  for i in range(num):
-    s, q = problem.clients.support, problem.clients.query
-    data.append(((as_t(s["x"][i]), as_t(s["y"][i], np.int64)),
-                 (as_t(q["x"][i]), as_t(q["y"][i], np.int64))))
+  theta = [t.to(device) for t in theta]
+  as_t = lambda a, dt=np.float32: torch.from_numpy(
+      np.array(a, dtype=dt)).to(device)
+  s, q = problem.clients.support, problem.clients.query
   weights = np.asarray(augfl.client_weights(problem.clients.num_examples,
-                                            False)).tolist()
+                                            False))
   delta = float(augfl.delta_schedule(1.0, cfg))
-  duals = [[torch.zeros_like(t) for t in theta] for _ in range(num)]
+  sync = torch.cuda.synchronize if device.startswith("cuda") else (
+      lambda: None)
+  if vmap:
+    stacked = (as_t(s["x"]), as_t(s["y"], np.int64), as_t(q["x"]),
+               as_t(q["y"], np.int64))
+    duals = [torch.zeros((num,) + tuple(t.shape), device=device)
+             for t in theta]
+    weights_t = as_t(weights)
+
+    def round_once():
+      return tr.augfl_round_vmap(forward, theta, duals, stacked,
+                                 weights=weights_t, alpha=cfg.alpha,
+                                 rho=cfg.rho, delta=delta)
+  else:
+    data = [((as_t(s["x"][i]), as_t(s["y"][i], np.int64)),
+             (as_t(q["x"][i]), as_t(q["y"][i], np.int64)))
+            for i in range(num)]
+    duals = [[torch.zeros_like(t) for t in theta] for _ in range(num)]
+
+    def round_once():
+      return tr.augfl_round(forward, theta, duals, data,
+                            weights=weights.tolist(), alpha=cfg.alpha,
+                            rho=cfg.rho, delta=delta)
 
   def run():
     torch.set_num_threads(threads)  # process-wide: set before every round
-    return tr.augfl_round(forward, theta, duals, data, weights=weights,
-                          alpha=cfg.alpha, rho=cfg.rho, delta=delta)
+    out = round_once()
+    sync()
+    return out
 
   def to_jax(result):
     return tr.to_jax_tree(problem.model_name, result[0], problem.params)

@@ -14,12 +14,19 @@ jitted f32 matmul measured in the same run.
 
 References (AugFL only, on identical data and weights): ``python_loop`` (the
 jitted single-client ``augfl.client_update`` called in a Python loop, as
-FedJAX's default backend does) and ``torch`` (the per-client PyTorch loop of
-``benchmarks.torch_reference``; skipped with a message when torch is not
-installed). Ours and the references are timed round-robin, one round each in
-turn, so load on a shared machine hits all of them alike; the table shows
-reference time / our time per cell. The torch round's theta^{t+1} is
-compared with ours (``torch_max_abs_diff``).
+FedJAX's default backend does), ``torch`` (the per-client PyTorch loop of
+``benchmarks.torch_reference``) and ``torch_vmap`` (the same round with
+``torch.func.grad`` under ``torch.func.vmap`` over clients); ``torch:N`` /
+``torch_vmap:N`` pin PyTorch to N intra-op threads. The PyTorch references
+run on CUDA when PyTorch sees a CUDA device (``cells.torch_device``), and
+are skipped with a message when torch is not installed. So that JAX and
+PyTorch fit on one GPU together, this command turns JAX's preallocation of
+75% of the GPU memory off (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless
+the environment sets it). Ours and the references are timed round-robin,
+one round each in turn, so load on a shared machine hits all of them alike;
+the table shows reference time / our time per cell. Each PyTorch round's
+theta^{t+1} is compared with ours (``reference_max_abs_diff``;
+``torch_max_abs_diff`` is the first PyTorch reference's).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import sys
 import time
 from typing import Any, Callable
 
+import os
+
 from absl import app
 from absl import flags
 import jax
@@ -41,6 +50,7 @@ from augfl_jax import clients as clients_lib
 from benchmarks import cells
 
 FLAGS = flags.FLAGS
+TORCH_REFERENCES = ("torch", "torch_vmap")
 
 
 def define_flags() -> None:
@@ -54,8 +64,10 @@ def define_flags() -> None:
                     "Client strategies: vmap, map, chunked:K, sharded[:INNER].")
   flags.DEFINE_list("conv_impls", ["patches"], "Model conv_impl values.")
   flags.DEFINE_list("references", ["python_loop", "torch:1", "torch:2"],
-                    "AugFL references: python_loop, torch (PyTorch's default "
-                    "threads) or torch:N (N threads); empty: none.")
+                    "AugFL references: python_loop, torch / torch_vmap "
+                    "(PyTorch's per-client loop / torch.func.vmap over "
+                    "clients, default threads) or torch:N / torch_vmap:N (N "
+                    "threads); on CUDA when PyTorch sees it; empty: none.")
   flags.DEFINE_integer("reference_max_clients", 200,
                        "Time references only up to this many clients.")
   flags.DEFINE_integer("repeats", 5, "Timed rounds per cell after warm-up.")
@@ -124,10 +136,11 @@ def _references(algorithm: str, problem: cells.Problem, names: list[str]
   for name in names:
     if name == "python_loop":
       refs[name] = (cells.python_loop_reference(problem), None)
-    elif name.split(":")[0] == "torch":
+    elif name.split(":")[0] in TORCH_REFERENCES:
       threads = int(name.split(":")[1]) if ":" in name else 0
       try:
-        refs[name] = cells.torch_reference(problem, threads)
+        refs[name] = cells.torch_reference(
+            problem, threads, vmap=name.split(":")[0] == "torch_vmap")
       except ImportError as e:
         print(f"torch reference skipped: PyTorch is not installed ({e}); "
               "pip install torch (the 'bench' extra) to time it.")
@@ -175,14 +188,17 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
       t = _time(run)
       if i >= warmup:
         times[key].append(t)
-  diff = None
-  torch_refs = [r for r in refs if r.startswith("torch")]
+  diffs = {}
+  torch_refs = [r for r in refs if r.split(":")[0] in TORCH_REFERENCES]
   if torch_refs:
-    run_torch, to_jax = refs[torch_refs[0]]
-    theta_torch = to_jax(run_torch())
     ours = runners[strategies[0]]()[0].params
-    diff = max(float(jnp.max(jnp.abs(jnp.asarray(a) - b))) for a, b in zip(
-        jax.tree.leaves(theta_torch), jax.tree.leaves(ours)))
+    for ref in torch_refs:
+      run_torch, to_jax = refs[ref]
+      theta_torch = to_jax(run_torch())
+      diffs[ref] = max(
+          float(jnp.max(jnp.abs(jnp.asarray(a) - b))) for a, b in zip(
+              jax.tree.leaves(theta_torch), jax.tree.leaves(ours)))
+  diff = diffs[torch_refs[0]] if torch_refs else None
   ref_times = {r: _summary(times["ref:" + r]) for r in refs}
   results = []
   for name in strategies:
@@ -202,6 +218,7 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
             a / b for a, b in zip(times["ref:" + r], times[name]))
                           for r in refs},
         "torch_max_abs_diff": diff,
+        "reference_max_abs_diff": diffs,
     })
   return results
 
@@ -227,7 +244,7 @@ def _compile_only(algorithm: str, problem: cells.Problem, state: Any,
       "round_s": {"median": nan, "min": nan, "max": nan, "all": []},
       "flops_per_round": flops, "gflops_per_s": nan, "fraction_of_peak": nan,
       "references": {}, "ratios": {}, "paired_ratios": {},
-      "torch_max_abs_diff": None}
+      "torch_max_abs_diff": None, "reference_max_abs_diff": {}}
 
 
 def machine_info(peak_before: float) -> dict[str, Any]:
@@ -236,10 +253,13 @@ def machine_info(peak_before: float) -> dict[str, Any]:
           "devices": [str(d) for d in jax.devices()],
           "cpu_count": __import__("os").cpu_count(),
           "matmul_peak_gflops_start": peak_before}
+  info["xla_python_client_preallocate"] = os.environ.get(
+      "XLA_PYTHON_CLIENT_PREALLOCATE")
   try:
     import torch  # pylint: disable=g-import-not-at-top
     info["torch"] = torch.__version__
     info["torch_threads"] = torch.get_num_threads()
+    info["torch_device"] = cells.torch_device()
   except ImportError:
     info["torch"] = None
   return info
@@ -312,6 +332,8 @@ def run(argv_flags: Any = None) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
   del argv
+  # Before JAX starts its backend: on a GPU, leave room for PyTorch.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   run()
 
 

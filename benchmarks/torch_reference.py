@@ -13,6 +13,12 @@ masking: the benchmark gives every client the same number of real examples
 a JAX parameter tree, so both sides run from identical weights and data and
 ``tests/test_benchmarks.py`` can check that they compute the same round.
 
+``augfl_round_vmap`` is the same round written with ``torch.func``: one
+client's step with ``torch.func.grad`` lifted over the client axis by
+``torch.func.vmap`` (PyTorch's counterpart of ``jax.vmap`` over
+``augfl.client_update``). Both run on whatever device their tensors are on
+(``benchmarks.cells.torch_reference`` puts them on CUDA when it is there).
+
 Importing this module needs ``torch`` (an optional extra: ``bench``).
 """
 
@@ -176,13 +182,60 @@ def augfl_round(forward: Forward, theta: TorchParams,
   return [acc / (rho * len(clients)) for acc in total], new_duals
 
 
+def _functional_client(forward: Forward, alpha: float, rho: float,
+                       delta: float) -> Callable[..., tuple]:
+  """One client's Eqs. (7), (10)-(12) with ``torch.func.grad``: a pure
+  function of tensors, so that ``torch.func.vmap`` can lift it."""
+  from torch.func import grad  # pylint: disable=g-import-not-at-top
+
+  def loss(params, x, y):
+    return F.cross_entropy(forward(params, x), y)
+
+  g = grad(loss)
+
+  def client(theta, dual, xs, ys, xq, yq, weight):
+    g_s = g(theta, xs, ys)
+    phi = [t - alpha * a for t, a in zip(theta, g_s)]
+    r = g(phi, xq, yq)
+    g_plus = g([t + delta * v for t, v in zip(theta, r)], xs, ys)
+    g_minus = g([t - delta * v for t, v in zip(theta, r)], xs, ys)
+    theta_i, new_dual = [], []
+    for t, y, rv, gp, gm in zip(theta, dual, r, g_plus, g_minus):
+      hvp = (gp - gm) / (2.0 * delta)
+      ti = t - (y + weight * (rv - alpha * hvp)) / rho
+      theta_i.append(ti)
+      new_dual.append(y + rho * (ti - t))
+    return theta_i, new_dual
+
+  return client
+
+
+def augfl_round_vmap(forward: Forward, theta: TorchParams,
+                     duals: TorchParams, clients: tuple, *,
+                     weights: torch.Tensor, alpha: float, rho: float,
+                     delta: float) -> tuple[TorchParams, TorchParams]:
+  """The round of ``augfl_round`` with ``torch.func.vmap`` over clients.
+
+  ``duals``: the ``[C, ...]`` stacked y_i (one tensor per parameter);
+  ``clients = (x_s [C, n, ...], y_s [C, n], x_q [C, n, ...], y_q [C, n])``;
+  ``weights``: ``[C]``. Returns ``(theta^{t+1}, stacked new duals)``.
+  """
+  from torch.func import vmap  # pylint: disable=g-import-not-at-top
+  client = _functional_client(forward, alpha, rho, delta)
+  with torch.no_grad():
+    thetas, new_duals = vmap(client, in_dims=(None, 0, 0, 0, 0, 0, 0))(
+        theta, duals, *clients, weights)
+    total = [(y + rho * t).sum(dim=0) for t, y in zip(thetas, new_duals)]
+    return [acc / (rho * weights.shape[0]) for acc in total], new_duals
+
+
 def to_jax_tree(model_name: str, flat: TorchParams, like: Any) -> Any:
   """Inverse of ``from_jax``: the torch parameters in ``like``'s tree layout."""
   import jax  # pylint: disable=g-import-not-at-top
   paths = _param_paths(model_name, like)
   out = jax.tree.map(lambda a: np.asarray(a).copy(), like)
   for (path, kind), t in zip(paths, flat):
-    value = t.detach().numpy()
+    value = t.detach().cpu().numpy()
     if kind == "conv":
       value = np.transpose(value, (2, 3, 1, 0))
     elif kind == "dense":

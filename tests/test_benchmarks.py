@@ -39,7 +39,7 @@ class _Flags:
 def test_round_cost_tiny_grid_writes_json(tmp_path):
   try:
     import torch  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
-    refs = ["python_loop", "torch:1"]
+    refs = ["python_loop", "torch:1", "torch_vmap:1"]
   except ImportError:
     refs = ["python_loop"]
   flags = _Flags(tmp_path, refs)
@@ -61,6 +61,10 @@ def test_round_cost_tiny_grid_writes_json(tmp_path):
   assert set(results[0]["paired_ratios"]) == set(refs)
   if "torch:1" in refs:  # same equations, same weights and data
     assert results[0]["torch_max_abs_diff"] < 1e-4
+    diffs = results[0]["reference_max_abs_diff"]
+    assert set(diffs) == {"torch:1", "torch_vmap:1"}
+    assert max(diffs.values()) < 1e-4, diffs
+    assert out["machine"]["torch_device"] in ("cpu", "cuda")
 
 
 def test_cnn_digits_cell_is_the_cnn_on_8x8_inputs():
