@@ -118,3 +118,21 @@ def test_run_defaults_parses_variants_and_pairs_ratios_by_repeat():
              {"label": "b", "repeat": 1, "wall_s": 3.0}]
   assert run_defaults.ratios(records, "wall_s") == {"a": [3.0, 3.0],
                                                     "b": [1.0, 1.0]}
+
+
+def test_crd_cost_times_recomputed_and_cached_pm(tmp_path):
+  from benchmarks import crd_cost  # pylint: disable=g-import-not-at-top
+
+  class Flags:
+    server, pm, student, batch_size, nce_k = 16, "mlp", "mlp", 8, 8
+    clients, examples, round_model, repeats, seed = 2, 3, "tiny_cnn", 1, 0
+    output = str(tmp_path / "crd.json")
+
+  out = crd_cost.run(Flags)
+  assert set(out["round_s"]) == {"recomputed", "cached", "augfl_round_C2"}
+  assert out["minibatches_per_round"] == 2
+  assert out["max_abs_diff"] < 1e-6  # the same gradient either way
+  assert out["paired_ratios"]["recomputed/cached"] > 0
+  assert "cached/augfl_round_C2" in out["paired_ratios"]
+  with open(Flags.output) as fh:
+    assert json.load(fh)["setup_s"]["cached"] > 0
