@@ -215,8 +215,10 @@ def run_comparison(body: Callable[[], Any]) -> Any:
 
 def check_run_control() -> None:
   """A comparison command decides itself whether each run is fresh,
-  reused or resumed: ``--resume`` and ``--overwrite`` are refused."""
-  given = [f"--{n}" for n in ("resume", "overwrite") if FLAGS[n].value]
+  reused or resumed: ``--resume``, ``--overwrite`` and
+  ``--resume_changes`` are refused."""
+  given = [f"--{n}" for n in ("resume", "overwrite", "resume_changes")
+           if FLAGS[n].value]
   if given:
     raise ValueError(f"{' and '.join(given)}: a comparison command reuses "
                      "finished runs and continues interrupted ones by "
