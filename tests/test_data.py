@@ -421,7 +421,7 @@ def test_support_fraction(digits, fraction):
     assert not set(s.tolist()) & set(q.tolist())
   with pytest.raises(ValueError, match="support_fraction"):
     D.pathological_partition(digits.y, num_clients=40, M=20,
-                             server_size=400, support_fraction=1.0)
+                             server_size=400, support_fraction=1.0, seed=0)
   fed = D.load_federated("digits", support_fraction=fraction)
   counts = np.asarray(fed.train.support["mask"]).sum(1)
   sizes = np.asarray(fed.train.num_examples)
