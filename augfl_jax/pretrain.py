@@ -34,7 +34,7 @@ import numpy as np
 import optax
 
 from augfl_jax import local, models
-from augfl_jax.training.progress import Progress
+from augfl_jax.progress import Progress
 from augfl_jax.types import Batch, Params
 
 __all__ = ["PretrainConfig", "decay_epochs", "make_optimizer", "pretrain"]

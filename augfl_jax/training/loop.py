@@ -38,7 +38,7 @@ from augfl_jax.training.checkpoints import RunCheckpoints
 from augfl_jax.training.config import RESUMABLE_FIELDS, RunConfig
 from augfl_jax.training.events import EventWriter
 from augfl_jax.training.outputs import OutputDir, OutputDirError
-from augfl_jax.training.progress import Progress
+from augfl_jax.progress import Progress
 from augfl_jax.training.safety import StopSignals, describe, guard_round
 
 CHECKPOINT_EVERY = 50
