@@ -86,7 +86,8 @@ def pm_apply(config: RunConfig, module, variables):
   ``"running"`` (the reference's teacher); then, as with GroupNorm or no
   norm, its output for an example does not depend on the rest of its
   batch."""
-  if config.norm == "batch" and config.pm.statistics == "running":
+  if (getattr(module, "norm", None) == "batch"
+      and config.pm.statistics == "running"):
     module = module.clone(norm="running")
   else:
     variables = {"params": variables["params"]}
