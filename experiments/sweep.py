@@ -193,6 +193,7 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
     rows.append({"cell": name, "seed": seed, **cell,
                  "final_accuracy": summary["final_accuracy"],
                  "best_accuracy": summary["best_accuracy"],
+                 "seconds": summary["seconds"],
                  "run_dir": run_dir})
   return rows
 

@@ -19,6 +19,7 @@ import pytest
 
 from augfl_jax import algorithms, clients, fields, models, pretrain, training
 from augfl_jax.training import checkpoints, loop, wiring
+from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PM_RUN = {"augfl.lam": 5.0, "pm.model": "mlp"}
@@ -40,8 +41,7 @@ def pm_dir(tmp_path_factory):
   rng = np.random.default_rng(0)
   params = jax.tree.map(
       lambda s: rng.normal(0, 0.1, s.shape).astype(s.dtype), shapes)
-  pretrain.save_pm(path, params, pretrain.pm_metadata(
-      "digits", "mlp", 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+  fake_pm.save(path, mlp, "mlp", params=params)
   return path
 
 

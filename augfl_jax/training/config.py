@@ -78,10 +78,23 @@ class PMConfig:
       "the reference's; digits 30)")
   kwargs: str = field("", "JSON keyword arguments of the PM model, e.g. "
                       "'{\"hidden\": [512, 256]}'")
+  lr: float = field(0.05, "pretraining's initial learning rate, x0.1 at "
+                    "62.5%, 75% and 87.5% of the epochs (the reference's)")
+  batch_size: int = field(64, "pretraining's minibatch size (the "
+                          "reference's)")
+  holdout_fraction: float = field(
+      0.1, "the last fraction of the server split held out to report the "
+      "PM's accuracy (not trained on)")
   dir: str | None = field(
       None, "the PM's checkpoint directory (default runs/pm/<dataset>_"
-      "<model>..._srv<n>); reused when it matches the run, pretrained when "
-      "missing, refused when it does not match")
+      "<model>..._e<epochs>_srv<n>); reused when it was trained for the "
+      "run (dataset, architecture, split, recipe), pretrained when missing, "
+      "refused otherwise")
+  statistics: str = field(
+      "running", "how a batch-norm PM normalises when it teaches (CRD) or "
+      "encodes (FedPCL): running (eval mode, the statistics kept while it "
+      "trained, as the reference's teacher) or batch (the statistics of "
+      "each server minibatch)", choices=("running", "batch"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,7 @@ from augfl_jax.training.config import (RESUMABLE_FIELDS, STEP_SIZE_FIELDS,
                                        RunConfig, step_size_fields)
 from augfl_jax.training.events import EventWriter
 from augfl_jax.training.outputs import OutputDir, OutputDirError
-from augfl_jax.training.progress import Progress
+from augfl_jax.progress import Progress
 from augfl_jax.training.safety import StopSignals, describe, guard_round
 
 CHECKPOINT_EVERY = 50
