@@ -12,10 +12,16 @@ The public API, by module:
   accuracy summary of every evaluator.
 * ``algorithms``: every method under one interface (``algorithms.REGISTRY``
   of ``AlgorithmSpec``: config class, PM role, constructor; ``build``).
+* ``transfer``: the server's regulariser R_h (CRD, L2, none) from the PM.
+* ``pretrain``, ``pm``: pretraining the PM on the server split; its
+  checkpoint, reused only when it was trained for the run.
 * ``models``: Flax models returning ``(features, logits)``.
-* ``data``: datasets, partitions and padded client arrays.
-* ``local``, ``tree``, ``types``: local training (one minibatch loop on
-  optax), pytree helpers, type aliases.
+* ``data``: datasets (IDX files, tfds copies, embedded), partitions and
+  padded client arrays.
+* ``training``: the experiment loop, ``training.run(config, output_dir)``,
+  and its ``RunConfig``; ``fields``: dotted access to nested configs.
+* ``local``, ``tree``, ``types``, ``progress``: local training (one
+  minibatch loop on optax), pytree helpers, type aliases, time left.
 """
 
 from augfl_jax import algorithms
@@ -24,9 +30,15 @@ from augfl_jax import clients
 from augfl_jax import data
 from augfl_jax import distributed
 from augfl_jax import evaluation
+from augfl_jax import fields
 from augfl_jax import hvp
 from augfl_jax import local
 from augfl_jax import models
+from augfl_jax import pm
+from augfl_jax import pretrain
+from augfl_jax import progress
+from augfl_jax import training
+from augfl_jax import transfer
 from augfl_jax import tree
 from augfl_jax import types
 from augfl_jax.types import Batch, ClientData, LossFn, Params, PRNGKey

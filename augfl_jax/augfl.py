@@ -18,6 +18,7 @@ A client that never took part contributes ``y_i = 0, theta_i = theta^0``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import flax.struct
@@ -53,12 +54,20 @@ class AugFLConfig:
       "|D_j|")
 
   def __post_init__(self):
+    for name in ("alpha", "rho", "lam", "delta_slope", "delta_offset"):
+      value = getattr(self, name)
+      if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
     if not self.alpha > 0:
       raise ValueError(f"alpha must be > 0, got {self.alpha}")
     if not self.rho > 0:
       raise ValueError(f"rho must be > 0, got {self.rho}")
     if self.lam < 0:
       raise ValueError(f"lam must be >= 0, got {self.lam}")
+    if self.delta_slope < 0 or not self.delta_offset > 0:
+      raise ValueError("delta_t = 1 / (delta_slope t + delta_offset) needs "
+                       f"delta_slope >= 0 and delta_offset > 0, got "
+                       f"{self.delta_slope} and {self.delta_offset}")
     if self.hvp not in hvp_lib.HVP_METHODS:
       raise ValueError(
           f"hvp must be one of {hvp_lib.HVP_METHODS}, got {self.hvp!r}")
@@ -131,7 +140,15 @@ def client_update(loss_fn: LossFn, theta: Params, dual: Params, support: Batch,
   Returns:
     ``(theta_i, new_dual, metrics)``; metrics: ``query_loss`` = L(phi, D^q),
     ``support_loss`` = L(theta, D^s).
+
+  Raises:
+    ValueError: ``rho`` is not > 0 or ``alpha`` not finite (checked when
+      they are concrete: Python numbers, as ``make_round`` passes them, or
+      arrays outside jit); ``theta`` has a 16-bit float leaf, or ``dual``
+      leaves whose dtypes differ from ``theta``'s (dtypes are checked
+      always, under jit too).
   """
+  _check_client_args(theta, dual, alpha=alpha, rho=rho)
   support_grad_fn = lambda p: jax.grad(loss_fn)(p, support)
   support_loss, g_s = jax.value_and_grad(loss_fn)(theta, support)
   phi = optax.tree.add_scale(theta, -alpha, g_s)
@@ -144,6 +161,45 @@ def client_update(loss_fn: LossFn, theta: Params, dual: Params, support: Batch,
                                   optax.tree.sub(theta_i, theta))
   return theta_i, new_dual, {"query_loss": query_loss,
                              "support_loss": support_loss}
+
+
+def _concrete(value) -> float | None:
+  """``value`` as a float when it is known now (not traced), else None."""
+  if isinstance(value, jax.core.Tracer):
+    return None
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    return None
+
+
+def _check_client_args(theta: Params, dual: Params, *, alpha, rho) -> None:
+  """The checks of :func:`client_update` (its docstring)."""
+  rho_, alpha_ = _concrete(rho), _concrete(alpha)
+  if rho_ is not None and not rho_ > 0:
+    raise ValueError(f"rho must be > 0 (theta_i = theta - step / rho), got "
+                     f"{rho_}")
+  if alpha_ is not None and not math.isfinite(alpha_):
+    raise ValueError(f"alpha must be a finite number, got {alpha_}")
+  for path, leaf in jax.tree_util.tree_flatten_with_path(theta)[0]:
+    dtype = jnp.result_type(leaf)
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+      # Eq. (10)'s difference of gradients at theta +- delta r, delta ~ 1e-2,
+      # cancels every digit a 16-bit float has (float16: 3, bfloat16: 2).
+      raise ValueError(
+          f"theta{jax.tree_util.keystr(path)} is {dtype}: AugFL's client "
+          "step needs float32 (or float64) parameters (the finite-"
+          "difference Hessian-vector product of Eq. (10) loses every digit "
+          "of a 16-bit float); keep a float32 copy of theta, e.g. "
+          "jax.tree.map(lambda x: x.astype(jnp.float32), theta)")
+  theta_dtypes = jax.tree.map(jnp.result_type, theta)
+  dual_dtypes = jax.tree.map(jnp.result_type, dual)
+  if jax.tree.structure(theta_dtypes) != jax.tree.structure(dual_dtypes) or (
+      jax.tree.leaves(theta_dtypes) != jax.tree.leaves(dual_dtypes)):
+    raise ValueError("dual must have theta's tree and dtypes (y_i lives "
+                     "where theta does, Eq. (12)); got "
+                     f"{jax.tree.leaves(dual_dtypes)[:3]} for theta's "
+                     f"{jax.tree.leaves(theta_dtypes)[:3]}")
 
 
 def server_update(client_params: Params, duals: Params, rhos: jax.Array, *,
@@ -192,8 +248,12 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
   training clients (leaves ``[C, ...]``), ``reg_grad`` is
   ``grad R_h(state.params)`` (required when ``config.lam > 0``) and
   ``participants`` an optional ``[K]`` int array of the client ids taking part
-  (default: all). Metrics: ``loss`` (the meta-objective's data term,
-  ``sum_i w_i L(phi_i, D_i^q) / sum_i w_i`` over participants),
+  (default: all): distinct ids in ``[0, C)``, else ``ValueError`` before the
+  round runs; when ``round_fn`` is itself traced (called inside another
+  jit), the ids cannot be checked and bad ones give a wrong round without a
+  word (``augfl_jax.tree.check_participants`` says how). Metrics: ``loss``
+  (the meta-objective's data term, ``sum_i w_i L(phi_i, D_i^q) / sum_i
+  w_i`` over participants),
   ``support_loss`` (likewise at theta^t) and ``client_loss`` (``[K]``).
   ``strategy`` says how the client axis runs (``augfl_jax.clients``); None
   is the backend's ``clients.default_strategy()`` (``"map"`` on CPU,
@@ -244,4 +304,6 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
     }
     return new_state, metrics
 
-  return jax.jit(round_fn)
+  # Concrete participants are checked before jit (tree.check_participants
+  # says what traced ones do instead).
+  return tree.checked_round(jax.jit(round_fn), position=3)

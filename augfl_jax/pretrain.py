@@ -1,4 +1,4 @@
-"""Pretraining the server's private model (the PM) and its checkpoint.
+"""Pretraining the server's private model (the PM) on the server split.
 
 The PM is trained on the server split only (never on client data) with the
 reference recipe: SGD with momentum 0.9, weight decay 5e-4 (coupled, as
@@ -9,28 +9,23 @@ epoch ``e`` applies from the ``(e + 1)``-th epoch on (the reference's
 ``epoch > e`` with 1-based epochs). The last ``holdout_fraction`` of the
 server split is held out to report an accuracy and is not trained on.
 
-A PM checkpoint (``augfl_jax.checkpoint``) records what it was trained for:
-dataset, architecture (model name and module fields), server split size and
-split seed; :func:`load_pm` refuses one that differs in any of these. Module
-fields that only choose how the model runs (:data:`IMPLEMENTATION_FIELDS`:
-``conv_impl``) are not part of the architecture: the parameters are the
-same, so a PM trained with ``conv_impl="patches"`` restores and runs with
-``"xla"`` and vice versa.
+A batch-norm PM also keeps running statistics while it trains (PyTorch's:
+momentum 0.1, unbiased variance; ``models.norm``), so that it can run in eval
+mode as the reference's teacher does (``norm="running"``). Its held-out
+accuracy is reported both ways: with those running statistics and with the
+statistics of each held-out chunk.
 
-The only file I/O here is the checkpoint; progress goes to the optional
-``log(str)`` callback.
+No file I/O here (the checkpoint is :mod:`augfl_jax.pm`); progress goes to
+the optional ``log(str)`` callback.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
-import json
 import math
-import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -38,26 +33,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from augfl_jax import checkpoint, local, models
-from augfl_jax.training.progress import Progress
+from augfl_jax import local, models
+from augfl_jax.progress import Progress
 from augfl_jax.types import Batch, Params
 
-__all__ = [
-    "PretrainConfig", "PMCheckpointMismatch", "MATCH_FIELDS",
-    "IMPLEMENTATION_FIELDS", "decay_epochs",
-    "make_optimizer", "pretrain", "model_kwargs", "pm_metadata", "save_pm",
-    "load_pm", "default_pm_dir", "pretrain_and_save", "get_or_pretrain_pm",
-]
+__all__ = ["PretrainConfig", "decay_epochs", "make_optimizer", "pretrain"]
 
 # Fractions of the epochs after which the lr is multiplied by 0.1: the
 # reference's (150, 180, 210) of 240.
 DECAY_FRACTIONS = (150 / 240, 180 / 240, 210 / 240)
-# Metadata fields a PM checkpoint must match to be reused.
-MATCH_FIELDS = ("dataset", "architecture", "server_size", "split_seed")
-# Module fields that choose an implementation, not the parameters or the
-# function (up to float rounding): left out of the architecture.
-IMPLEMENTATION_FIELDS = ("conv_impl",)
-
 Log = Callable[[str], None]
 
 
@@ -117,10 +101,6 @@ class PretrainConfig:
         raise ValueError(message)
 
 
-class PMCheckpointMismatch(ValueError):
-  """A PM checkpoint was trained for another dataset/architecture/split."""
-
-
 def decay_epochs(epochs: int) -> tuple[int, ...]:
   """``round_half_up(epochs * f)`` for f in 150/240, 180/240, 210/240."""
   return tuple(int(math.floor(epochs * f + 0.5)) for f in DECAY_FRACTIONS)
@@ -143,20 +123,32 @@ def make_optimizer(config: PretrainConfig,
                      optax.sgd(schedule, momentum=config.momentum or None))
 
 
-def _loss_and_correct(model: nn.Module):
-  """``f(params, batch) -> (masked mean CE, [CE sum, #correct, #real])``."""
+def _loss_and_correct(model: nn.Module, with_stats: bool = False,
+                      track: bool = False):
+  """``f(params, batch, stats) -> (masked mean CE, ([CE sum, #correct,
+  #real], stats'))``. ``with_stats``: the model reads the running
+  statistics ``stats`` (``"batch_stats"``); ``track``: it also updates them
+  (``stats'``; else ``stats' = stats``)."""
 
-  def f(params: Params, batch: Batch):
+  def f(params: Params, batch: Batch, stats: Params):
     mask = batch["mask"]
     y = jnp.where(mask > 0, batch["y"].astype(jnp.int32), 0)
-    _, logits = model.apply({"params": params}, batch["x"], mask=mask)
+    variables = {"params": params}
+    if with_stats:
+      variables["batch_stats"] = stats
+    if track:
+      (_, logits), updated = model.apply(variables, batch["x"], mask=mask,
+                                         mutable=["batch_stats"])
+      stats = updated["batch_stats"]
+    else:
+      _, logits = model.apply(variables, batch["x"], mask=mask)
     logits = logits.astype(jnp.float32)
     loss = models.masked_mean(
         optax.softmax_cross_entropy_with_integer_labels(logits, y), mask)
     hit = jnp.where(mask > 0, jnp.argmax(logits, -1) == y, False)
     real = jnp.sum(mask)
-    return loss, jnp.stack([loss * real, jnp.sum(hit.astype(real.dtype)),
-                            real])
+    return loss, (jnp.stack([loss * real, jnp.sum(hit.astype(real.dtype)),
+                             real]), stats)
 
   return f
 
@@ -177,13 +169,19 @@ def _jitted(model: nn.Module, config: PretrainConfig, steps_per_epoch: int,
   the computation reset.
   """
   optimizer = make_optimizer(config, steps_per_epoch)
-  loss_fn = _loss_and_correct(model)
+  has_stats = bool(models.init_batch_stats(model, input_shape))
+  loss_fn = _loss_and_correct(model, has_stats, track=has_stats)
+  scores = [_loss_and_correct(model)]  # each chunk's own statistics
+  if has_stats:  # and eval mode, the running statistics
+    scores.append(_loss_and_correct(
+        dataclasses.replace(model, norm="running"), with_stats=True))
 
   @jax.jit
   def init(seed):
     init_key, shuffle_key = jax.random.split(jax.random.key(seed))
     params = models.init_params(model, init_key, input_shape)
-    return params, optimizer.init(params), shuffle_key
+    stats = models.init_batch_stats(model, input_shape)
+    return params, stats, optimizer.init(params), shuffle_key
 
   @jax.jit
   def shuffle(shuffle_key, epoch, data):
@@ -191,16 +189,19 @@ def _jitted(model: nn.Module, config: PretrainConfig, steps_per_epoch: int,
     return local.epoch_batches(jax.random.fold_in(shuffle_key, epoch), data,
                                config.batch_size)
 
-  @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
-  def train_step(params, opt_state, sums, batches, index):
+  @functools.partial(jax.jit, donate_argnums=(0, 1, 2, 3))
+  def train_step(params, stats, opt_state, sums, batches, index):
     minibatch = jax.tree.map(lambda b: b[index], batches)
-    params, opt_state, stats = local.step(loss_fn, optimizer, params,
-                                          opt_state, minibatch)
-    return params, opt_state, sums + stats, stats[0]
+    params, opt_state, (step_sums, stats) = local.step(
+        loss_fn, optimizer, params, opt_state, minibatch, stats)
+    return params, stats, opt_state, sums + step_sums, step_sums[0]
 
   @jax.jit
-  def evaluate(params, chunks):
-    return jnp.sum(jax.lax.map(lambda c: loss_fn(params, c)[1], chunks), 0)
+  def evaluate(params, stats, chunks):
+    """``[CE sum, #correct, #real]`` of the held-out chunks per way of
+    scoring (``scores``)."""
+    return [jnp.sum(jax.lax.map(lambda c, f=f: f(params, c, stats)[1][0],
+                                chunks), 0) for f in scores]
 
   return init, shuffle, train_step, evaluate
 
@@ -258,11 +259,15 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
     log_seconds: the longest silence between two progress lines.
 
   Returns:
-    ``(params, metrics)``; metrics holds ``train_loss`` and
-    ``train_accuracy`` (running, over the last epoch's minibatches, as the
-    reference reports them), ``heldout_loss`` and ``heldout_accuracy``
-    (``nan`` without held-out examples), ``num_train``, ``num_heldout``,
-    ``epochs`` and ``seconds``.
+    ``(variables, metrics)``: ``variables = {"params": ..., "batch_stats":
+    ...}`` (``batch_stats`` the running statistics of a batch-norm model,
+    ``{}`` for others); metrics holds ``train_loss`` and ``train_accuracy``
+    (running, over the last epoch's minibatches, as the reference reports
+    them), ``heldout_loss`` and ``heldout_accuracy`` (each held-out chunk of
+    ``eval_batch_size`` with its own batch statistics; ``nan`` without
+    held-out examples), ``heldout_accuracy_running`` (with the running
+    statistics; ``None`` without batch norm), ``num_train``,
+    ``num_heldout``, ``epochs`` and ``seconds``.
 
   Raises:
     FloatingPointError: the training loss became inf/NaN.
@@ -278,10 +283,15 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
       steps_per_epoch, tuple(train["x"].shape[1:]))
   chunks = (jax.device_put(_chunks(held, min(config.eval_batch_size, n_held)))
             if n_held else None)
-  heldout = lambda p: _rates(evaluate(p, chunks)) if n_held else (
-      math.nan, math.nan)
 
-  params, opt_state, shuffle_key = init(config.seed)
+  def heldout(params, stats):
+    """``[(loss, accuracy)]`` with each chunk's statistics, then (a
+    batch-norm model) with the running ones."""
+    if not n_held:
+      return [(math.nan, math.nan)]
+    return [_rates(sums) for sums in evaluate(params, stats, chunks)]
+
+  params, stats, opt_state, shuffle_key = init(config.seed)
   train = jax.device_put(train)
   every = config.log_every or max(1, config.epochs // 10)
   progress = Progress(config.epochs * steps_per_epoch)
@@ -290,8 +300,8 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
     batches = shuffle(shuffle_key, epoch, train)
     sums = jnp.zeros((3,))
     for step in range(steps_per_epoch):
-      params, opt_state, sums, loss = train_step(params, opt_state, sums,
-                                                 batches, step)
+      params, stats, opt_state, sums, loss = train_step(
+          params, stats, opt_state, sums, batches, step)
       loss.block_until_ready()  # the clock follows the computation
       progress.step()
       if (log is not None and step + 1 < steps_per_epoch and
@@ -308,250 +318,20 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
         raise FloatingPointError(
             f"PM pretraining diverged at epoch {epoch} (loss {loss}); lower "
             f"the learning rate (lr={config.lr}).")
-      held_loss, held_acc = heldout(params)
+      scored = heldout(params, stats)
       if log is not None:
+        held = f"held-out acc {100 * scored[0][1]:.2f}" + (
+            f" ({100 * scored[1][1]:.2f} with running statistics)"
+            if len(scored) > 1 else "")
         log(f"pm epoch {epoch:4d}/{config.epochs}  train loss {loss:.4f}  "
-            f"train acc {100 * acc:.2f}  held-out acc {100 * held_acc:.2f}  "
+            f"train acc {100 * acc:.2f}  {held}  "
             f"{progress.describe('step')}")
         last_line = time.perf_counter()
-  return params, {
-      "train_loss": loss, "train_accuracy": acc, "heldout_loss": held_loss,
-      "heldout_accuracy": held_acc, "num_train": n_train,
+  running = scored[1] if len(scored) > 1 else (None, None)
+  return {"params": params, "batch_stats": stats}, {
+      "train_loss": loss, "train_accuracy": acc,
+      "heldout_loss": scored[0][0], "heldout_accuracy": scored[0][1],
+      "heldout_accuracy_running": running[1], "num_train": n_train,
       "num_heldout": n_held, "epochs": config.epochs,
       "seconds": time.perf_counter() - start,
   }
-
-
-# ----------------------------------------------------------------------------
-# The PM checkpoint.
-
-
-def _jsonable(value: Any) -> Any:
-  """The value as it reads back from JSON (tuples become lists, ...)."""
-  return json.loads(json.dumps(value))
-
-
-def model_kwargs(model: nn.Module) -> dict[str, Any]:
-  """The module's dataclass fields (``num_classes``, widths, norm, ...)
-  but :data:`IMPLEMENTATION_FIELDS`."""
-  skip = ("parent", "name") + IMPLEMENTATION_FIELDS
-  return _jsonable({f.name: getattr(model, f.name)
-                    for f in dataclasses.fields(model) if f.name not in skip})
-
-
-def _architecture(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
-  """``metadata`` with :data:`IMPLEMENTATION_FIELDS` dropped from its
-  architecture's kwargs (checkpoints written before they were left out
-  record ``conv_impl``)."""
-  arch = metadata.get("architecture")
-  if not isinstance(arch, dict) or not isinstance(arch.get("kwargs"), dict):
-    return metadata
-  kwargs = {k: v for k, v in arch["kwargs"].items()
-            if k not in IMPLEMENTATION_FIELDS}
-  return {**metadata, "architecture": {**arch, "kwargs": kwargs}}
-
-
-def pm_metadata(dataset: str, model_name: str, server_size: int,
-                split_seed: int, *, model_kwargs: Mapping[str, Any] | None = None,
-                **extra: Any) -> dict[str, Any]:
-  """The metadata of a PM checkpoint (and what a run expects of one).
-
-  Args:
-    dataset: dataset name.
-    model_name: the PM's registry name.
-    server_size: size of the server split it is trained on.
-    split_seed: seed of the partition that produced the server split.
-    model_kwargs: the module's fields (:func:`model_kwargs`), part of the
-      architecture.
-    **extra: recorded, never compared (held-out accuracy, epochs, ...).
-
-  Returns:
-    A JSON-ready dict; :data:`MATCH_FIELDS` are the compared ones.
-  """
-  return _jsonable({
-      "dataset": dataset,
-      "architecture": {"model": model_name,
-                       "kwargs": dict(model_kwargs or {})},
-      "server_size": int(server_size),
-      "split_seed": int(split_seed),
-      **extra,
-  })
-
-
-def _describe(field: str, value: Any) -> str:
-  if field == "architecture" and isinstance(value, dict):
-    kwargs = ", ".join(f"{k}={v!r}" for k, v in value.get("kwargs", {}).items())
-    return f"architecture={value.get('model')}({kwargs})"
-  return f"{field}={value}"
-
-
-def save_pm(directory: str | os.PathLike, params: Params,
-            metadata: Mapping[str, Any], *, overwrite: bool = False) -> None:
-  """Saves a PM atomically; adds ``num_params`` and ``created`` (UTC, ISO)."""
-  metadata = {**metadata, "num_params": models.num_params(params)}
-  metadata.setdefault(
-      "created", datetime.datetime.now(datetime.timezone.utc).isoformat(
-          timespec="seconds"))
-  checkpoint.save(directory, params, metadata, overwrite=overwrite)
-
-
-def _retrain_hint(directory: str, expected: Mapping[str, Any]) -> str:
-  args = [f"--dataset={expected['dataset']}"] if "dataset" in expected else []
-  arch = expected.get("architecture")
-  if isinstance(arch, dict):
-    args.append(f"--pm.model={arch.get('model')}")
-    kwargs = {k: v for k, v in arch.get("kwargs", {}).items()
-              if k != "num_classes"}
-    if kwargs:
-      args.append(f"--pm.kwargs='{json.dumps(kwargs)}'")
-  for field in ("server_size", "split_seed"):
-    if field in expected:
-      flag = "seed" if field == "split_seed" else "data." + field
-      args.append(f"--{flag}={expected[field]}")
-  args.append(f"--pm.dir={directory}")
-  return "python -m experiments.pretrain_pm " + " ".join(args)
-
-
-def load_pm(directory: str | os.PathLike, expected: Mapping[str, Any], *,
-            like: Params | None = None) -> tuple[Params, dict[str, Any]]:
-  """Loads a PM after checking it was trained for what ``expected`` says.
-
-  Args:
-    directory: the PM checkpoint.
-    expected: e.g. :func:`pm_metadata` of the run; each of
-      :data:`MATCH_FIELDS` it contains must equal the checkpoint's (the
-      architecture compared without :data:`IMPLEMENTATION_FIELDS`).
-    like: optional abstract params (shapes checked on restore).
-
-  Returns:
-    ``(params, metadata)``.
-
-  Raises:
-    FileNotFoundError: no readable checkpoint at ``directory``.
-    PMCheckpointMismatch: a compared field differs; the message names every
-      differing field, both values, and how to retrain.
-  """
-  saved = _architecture(checkpoint.restore_metadata(directory))
-  expected = _architecture(_jsonable(dict(expected)))
-  differing = [f for f in MATCH_FIELDS
-               if f in expected and saved.get(f) != expected[f]]
-  if differing:
-    path = os.path.abspath(os.path.expanduser(os.fspath(directory)))
-    have = ", ".join(_describe(f, saved.get(f)) for f in differing)
-    need = ", ".join(_describe(f, expected[f]) for f in differing)
-    raise PMCheckpointMismatch(
-        f"PM checkpoint at {path} was trained for {have}; this run needs "
-        f"{need}: retrain it with {_retrain_hint(path, expected)} or pass "
-        "another --pm.dir")
-  params, metadata = checkpoint.restore(directory, like)
-  return params, metadata
-
-
-def _percent(value: float | None) -> str:
-  return "n/a" if value is None else f"{100 * value:.2f}%"
-
-
-def default_pm_dir(root: str | os.PathLike, dataset: str, model_name: str,
-                   server_size: int) -> str:
-  """``<root>/pm/<dataset>_<model>_srv<server_size>`` ('/' in names -> '_')."""
-  name = f"{dataset}_{model_name}_srv{server_size}".replace("/", "_")
-  return os.path.join(os.fspath(root), "pm", name)
-
-
-def _check_args(model_name: str, server: Batch, server_size: int,
-                config: PretrainConfig,
-                input_shape: tuple[int, ...] | None = None) -> None:
-  n = int(server["y"].shape[0])
-  shape = tuple(server["x"].shape[1:])
-  checks = [
-      (config.model == model_name, f"config.model={config.model!r} but "
-       f"model_name={model_name!r}; they must name the same PM."),
-      (n == server_size,
-       f"server_size={server_size} but the server split has {n} examples."),
-      (input_shape is None or tuple(input_shape) == shape,
-       f"input_shape={input_shape} but the server examples have shape "
-       f"{shape}."),
-  ]
-  for ok, message in checks:
-    if not ok:
-      raise ValueError(message)
-
-
-def pretrain_and_save(
-    directory: str | os.PathLike, *, model: nn.Module, model_name: str,
-    dataset_name: str, server: Batch, server_size: int, split_seed: int,
-    config: PretrainConfig, log: Log | None = None, overwrite: bool = False
-) -> tuple[Params, dict[str, Any]]:
-  """:func:`pretrain`, then :func:`save_pm` with the full metadata.
-
-  The metadata is :func:`pm_metadata` plus the metrics of :func:`pretrain`
-  (``nan`` stored as ``null``), ``input_shape`` and ``pretrain_config``.
-  Arguments as :func:`get_or_pretrain_pm`; ``overwrite`` replaces an
-  existing checkpoint (atomically).
-
-  Returns:
-    ``(params, metadata)`` as :func:`load_pm` would return them.
-  """
-  _check_args(model_name, server, server_size, config)
-  log = log or (lambda _: None)
-  params, metrics = pretrain(model, server, config, log=log)
-  metrics = {k: None if isinstance(v, float) and math.isnan(v) else v
-             for k, v in metrics.items()}  # JSON has no NaN.
-  metadata = pm_metadata(
-      dataset_name, model_name, server_size, split_seed,
-      model_kwargs=model_kwargs(model), **metrics,
-      input_shape=list(server["x"].shape[1:]),
-      pretrain_config=dataclasses.asdict(config))
-  save_pm(directory, params, metadata, overwrite=overwrite)
-  log(f"saved the PM to {directory} (held-out accuracy "
-      f"{_percent(metrics['heldout_accuracy'])})")
-  return params, checkpoint.restore_metadata(directory)
-
-
-def get_or_pretrain_pm(
-    directory: str | os.PathLike, *, model: nn.Module, model_name: str,
-    dataset_name: str, server: Batch, server_size: int, split_seed: int,
-    config: PretrainConfig, input_shape: tuple[int, ...],
-    log: Log | None = None) -> tuple[Params, dict[str, Any]]:
-  """Reuses the PM at ``directory`` if it matches, else pretrains and saves one.
-
-  Args:
-    directory: where the PM checkpoint is (or will be).
-    model: the PM module; ``model_name`` is its registry name and must equal
-      ``config.model``.
-    dataset_name: the dataset the server split comes from.
-    server: the server split (``pretrain``'s ``server``).
-    server_size: ``|D_srv|``; must equal the number of examples in ``server``.
-    split_seed: seed of the partition the server split belongs to.
-    config: pretraining hyper-parameters (used only when pretraining).
-    input_shape: shape of one example; must match ``server["x"]``.
-    log: optional progress callback.
-
-  Returns:
-    ``(params, metadata)``.
-
-  Raises:
-    PMCheckpointMismatch: a checkpoint exists but was trained for another
-      dataset, architecture, server split size or split seed.
-    FileNotFoundError: ``directory`` exists but is not a readable checkpoint.
-    ValueError: inconsistent arguments.
-  """
-  _check_args(model_name, server, server_size, config, input_shape)
-  log = log or (lambda _: None)
-  if not checkpoint.exists(directory):
-    log(f"no PM at {directory}: pretraining {model_name} on the "
-        f"{server_size} server examples of {dataset_name} for "
-        f"{config.epochs} epochs")
-    return pretrain_and_save(
-        directory, model=model, model_name=model_name,
-        dataset_name=dataset_name, server=server, server_size=server_size,
-        split_seed=split_seed, config=config, log=log)
-  expected = pm_metadata(dataset_name, model_name, server_size, split_seed,
-                         model_kwargs=model_kwargs(model))
-  like = jax.eval_shape(
-      lambda: models.init_params(model, jax.random.key(0), input_shape))
-  params, metadata = load_pm(directory, expected, like=like)
-  log(f"reusing the PM at {directory} ({model_name}, held-out accuracy "
-      f"{_percent(metadata.get('heldout_accuracy'))}, "
-      f"{metadata.get('epochs')} epochs)")
-  return params, metadata

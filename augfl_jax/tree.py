@@ -5,8 +5,12 @@ All of them act on pytrees whose leaves share a leading client axis ``C``.
 
 from __future__ import annotations
 
+import functools
+from typing import Any, Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from augfl_jax.types import Params
 
@@ -54,6 +58,68 @@ def all_finite(tree: Params) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
+def check_participants(participants: Any, num_clients: int) -> None:
+  """Raises ``ValueError`` unless ``participants`` names a non-empty set of
+  distinct client ids in ``[0, num_clients)``.
+
+  Only concrete values can be checked: ``None`` (everyone) and a traced
+  array (inside ``jax.jit``, ``vmap``, ...) pass unchecked. Under jit a
+  bad array is NOT an error, and its rounds are wrong without a word: an
+  id out of range is clamped when the client's rows are gathered (``100``
+  of 32 clients trains client 31) and dropped when they are written back
+  (its update is lost); a repeated id trains that client twice and counts
+  it twice in the round's loss; an empty array makes the loss 0/0 = NaN.
+  Call this where the ids are known (the rounds of
+  :func:`augfl_jax.augfl.make_round` do, before entering jit).
+  """
+  if participants is None or isinstance(participants, jax.core.Tracer):
+    return
+  ids = np.asarray(participants)
+  if ids.ndim != 1:
+    raise ValueError(f"participants must be a [K] array of client ids, got "
+                     f"shape {ids.shape}")
+  if ids.size == 0:
+    raise ValueError("participants is empty: a round needs at least one "
+                     "client (None: all of them)")
+  if not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"participants must be integer client ids, got dtype "
+                     f"{ids.dtype}")
+  outside = ids[(ids < 0) | (ids >= num_clients)]
+  if outside.size:
+    raise ValueError(f"participants {outside.tolist()} are not client ids: "
+                     f"the {num_clients} clients are 0..{num_clients - 1}")
+  values, counts = np.unique(ids, return_counts=True)
+  if (counts > 1).any():
+    raise ValueError(f"participants {values[counts > 1].tolist()} appear "
+                     "more than once: each client takes part at most once "
+                     "a round")
+
+
+def checked_round(round_fn: Callable[..., Any], position: int
+                 ) -> Callable[..., Any]:
+  """``round_fn`` (jitted, ``round_fn(state, clients, ...)``) with
+  :func:`check_participants` on its ``participants`` argument (keyword, or
+  positional at ``position``) before the call; attributes of the jitted
+  function (``lower``, ``trace``, ...) are those of ``round_fn``."""
+
+  @functools.wraps(round_fn)
+  def checked(*args, **kwargs):
+    participants = kwargs.get(
+        "participants", args[position] if len(args) > position else None)
+    if len(args) > 1:
+      clients = args[1]
+    else:
+      clients = kwargs.get("clients")
+    if clients is not None:
+      check_participants(participants, clients.num_examples.shape[0])
+    return round_fn(*args, **kwargs)
+
+  for name in ("lower", "trace", "eval_shape", "clear_cache"):
+    if hasattr(round_fn, name):
+      setattr(checked, name, getattr(round_fn, name))
+  return checked
+
+
 def client_subset(participants: jax.Array | None):
   """``(select, merge)`` for a round in which only ``participants`` take part.
 
@@ -61,8 +127,17 @@ def client_subset(participants: jax.Array | None):
   ``[K, ...]``); ``merge(stacked, rows)`` writes their new rows back. With
   ``participants=None`` (everyone) both are the identity, so full
   participation costs no gather or scatter.
+
+  ``participants`` must be distinct ids in ``[0, C)``: concrete ids are
+  checked on the first ``select`` (:func:`check_participants`); traced ids
+  cannot be, and out-of-range or repeated ones then give wrong rounds
+  silently (see there).
   """
   if participants is None:
     return (lambda stacked: stacked), (lambda stacked, rows: rows)
-  return (lambda stacked: take(stacked, participants),
-          lambda stacked, rows: put(stacked, participants, rows))
+
+  def select(stacked):
+    check_participants(participants, jax.tree.leaves(stacked)[0].shape[0])
+    return take(stacked, participants)
+
+  return (select, lambda stacked, rows: put(stacked, participants, rows))

@@ -5,7 +5,9 @@ Conventions (the library's public contract):
 * ``Batch`` is a mapping ``{"x": [n, ...] float32, "y": [n] int32,
   "mask": [n] float32}``. ``mask`` is 1.0 for a real example and 0.0 for
   padding; every loss, gradient, statistic and metric is a masked mean, so
-  padded rows change nothing.
+  padded rows change nothing. A batch without ``mask`` is taken to have no
+  padding: every row counts. ``y`` lies in ``[0, K)`` for ``K`` classes
+  (checked where data are built, not under jit).
 * Per-client quantities carry a leading client axis ``C``: a stacked batch is
   ``{"x": [C, n, ...], "y": [C, n], "mask": [C, n]}``; per-client state (duals,
   round counters, personal models, ...) is one pytree whose leaves all start

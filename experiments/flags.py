@@ -10,6 +10,7 @@ line on stderr and exit code 2, before anything is loaded or compiled.
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 import sys
 from typing import Any, Callable
@@ -46,7 +47,8 @@ def define_config_flags(only: tuple[str, ...] | None = None,
 
 def define_run_control_flags() -> None:
   """``--output_dir``, ``--checkpoint_every``, ``--resume``,
-  ``--overwrite`` and the compilation cache's flags."""
+  ``--overwrite``, ``--resume_changes`` and the compilation cache's
+  flags."""
   flags.DEFINE_string("output_dir", None, "where the run writes its files "
                       "(default runs/<dataset>_<algorithm>_seed<seed>)")
   flags.DEFINE_integer("checkpoint_every", training.CHECKPOINT_EVERY,
@@ -60,6 +62,12 @@ def define_run_control_flags() -> None:
   flags.DEFINE_bool("overwrite", False, "replace the run --output_dir holds "
                     "(only the files a run writes; without it a run is "
                     "never overwritten)")
+  flags.DEFINE_list("resume_changes", [], "with --resume: the step sizes "
+                    "(e.g. fedavg.lr,eval.alpha) this resumed run may "
+                    "change from the checkpoint's, after a non-finite "
+                    "round; each change is logged and recorded in "
+                    "changes.jsonl (any of: "
+                    + ", ".join(training.STEP_SIZE_FIELDS) + ")")
   flags.DEFINE_bool("compilation_cache", True, "keep compiled programs in "
                     "JAX's persistent cache (--compilation_cache_dir) so "
                     "that later runs start faster")
@@ -130,10 +138,14 @@ def disable_compilation_cache() -> None:
 
 
 def start_command() -> None:
-  """What every command does first: absl INFO logs off unless --verbosity
-  is given (orbax logs every file it touches), and the compilation cache."""
+  """What every command does first: absl logs off unless --verbosity is
+  given (orbax logs every file it touches, and logs each failure of a
+  background save in dozens of lines before it raises the error the
+  command reports in one), and the compilation cache."""
   if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.ERROR)
+    logging.set_verbosity(logging.FATAL)
+    # asyncio's "Task exception was never retrieved" for orbax's tasks.
+    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
   if FLAGS.compilation_cache:
     enable_compilation_cache(FLAGS.compilation_cache_dir)
 

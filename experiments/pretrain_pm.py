@@ -9,10 +9,10 @@ the run's own, with the same names and defaults (``--dataset``, ``--norm``,
 ``--conv_impl``, ``--seed``, ``--data.data_dir``, ``--data.server_size``,
 ``--pm.model``, ``--pm.kwargs``, ``--pm.epochs``, ``--pm.dir``), and they
 are resolved as a run resolves them (``augfl_jax.training.presets``): the
-same model, norm, epochs, server split and default directory
-``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>]_srv<n>``. The optimiser's
-flags are this command's own (``--lr``, ``--batch_size``,
-``--holdout_fraction``).
+same model, norm, recipe (``--pm.epochs``, ``--pm.lr``, ``--pm.batch_size``,
+``--pm.holdout_fraction``), server split and default directory
+``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>]_e<epochs>_srv<n>``. A run
+reuses the PM only if it was trained with that recipe.
 
 The server split is the first ``--data.server_size`` examples of the dataset
 (the clients never see them); the last 10% of it are held out for the
@@ -24,29 +24,22 @@ from __future__ import annotations
 from absl import flags
 from absl import logging
 
-from augfl_jax import data, models, pretrain, training
-from augfl_jax.training import presets
+from augfl_jax import data, models, pm, training
+from augfl_jax.training import presets, wiring
 from experiments import flags as run_flags
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
-PM_FIELDS = ("dataset", "norm", "conv_impl", "seed", "data.data_dir",
+PM_FIELDS = ("dataset", "norm", "conv_impl", "data.data_dir",
              "data.server_size", "pm.model", "pm.kwargs", "pm.epochs",
-             "pm.dir")
-_DEFAULTS = pretrain.PretrainConfig()
+             "pm.lr", "pm.batch_size", "pm.holdout_fraction", "pm.dir")
 
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  """The run's flags of ``PM_FIELDS`` and the optimiser's; defined only
-  when the command runs."""
+  """The run's flags of ``PM_FIELDS``; defined only when the command
+  runs."""
   run_flags.define_config_flags(only=PM_FIELDS)
-  flags.DEFINE_float("lr", _DEFAULTS.lr, "initial learning rate (x0.1 at "
-                     "62.5%, 75% and 87.5% of the epochs)")
-  flags.DEFINE_integer("batch_size", _DEFAULTS.batch_size, "minibatch size")
-  flags.DEFINE_float("holdout_fraction", _DEFAULTS.holdout_fraction,
-                     "fraction of the server split held out for the "
-                     "accuracy")
 
 
 def resolve_pm(config: training.RunConfig) -> training.RunConfig:
@@ -75,16 +68,12 @@ def resolve_pm(config: training.RunConfig) -> training.RunConfig:
   return run
 
 
-def pretrain_pm(config: training.RunConfig, recipe: pretrain.PretrainConfig,
-                log=print) -> tuple[str, dict]:
-  """Pretrains ``config``'s PM (resolved as a run would) with ``recipe``'s
-  optimiser and saves it to its directory; returns ``(directory,
-  metadata)``."""
+def pretrain_pm(config: training.RunConfig, log=print) -> tuple[str, dict]:
+  """Pretrains ``config``'s PM (resolved as a run would) and saves it to its
+  directory; returns ``(directory, metadata)``."""
   run = resolve_pm(config)
   name, server_size, pm_dir = run.pm.model, run.data.server_size, run.pm.dir
-  recipe = pretrain.PretrainConfig(
-      model=name, seed=run.seed, lr=recipe.lr, batch_size=recipe.batch_size,
-      holdout_fraction=recipe.holdout_fraction, epochs=run.pm.epochs)
+  recipe = wiring.pm_recipe(run)
   recipe.validate()
   data.locate(run.dataset, run.data.data_dir)  # fails before any work
   kwargs = presets.model_kwargs(name, run.norm, run.pm.kwargs, run.conv_impl)
@@ -98,7 +87,7 @@ def pretrain_pm(config: training.RunConfig, recipe: pretrain.PretrainConfig,
   server = {"x": dataset.x[server_idx], "y": dataset.y[server_idx]}
   log(f"pretraining {name} on the first {server_size} examples of "
       f"{run.dataset} for {recipe.epochs} epochs")
-  _, metadata = pretrain.pretrain_and_save(
+  _, metadata = pm.pretrain_and_save(
       pm_dir, model=model, model_name=name, dataset_name=run.dataset,
       server=server, server_size=server_size,
       split_seed=presets.server_split_seed(run), config=recipe, log=log,
@@ -113,9 +102,7 @@ def main(argv):
   log = lambda line: print(line, flush=True)
 
   def body():
-    recipe = pretrain.PretrainConfig(lr=FLAGS.lr, batch_size=FLAGS.batch_size,
-                                     holdout_fraction=FLAGS.holdout_fraction)
-    return pretrain_pm(run_flags.config_from_flags(), recipe, log)
+    return pretrain_pm(run_flags.config_from_flags(), log)
 
   pm_dir, metadata = run_flags.run_command(body)
   held = metadata["heldout_accuracy"]

@@ -14,19 +14,37 @@ Every flag but the run-control ones (``--output_dir``,
 ``--output_dir`` (default ``runs/<dataset>_<algorithm>_seed<seed>``).
 Ctrl-C (SIGINT) or SIGTERM finishes the current round, saves a checkpoint
 and exits with 128 + the signal's number, printing the command that resumes
-the run.
+the run; one that comes before the first round ends the command at once
+with a line saying nothing was trained or saved (and the same exit code).
 """
 
 from __future__ import annotations
 
-import shlex
+import signal
 import sys
 
-from absl import app
-from absl import flags
 
-from augfl_jax import training
-from experiments import flags as run_flags
+def _stopped_while_starting(signum, frame):
+  del frame
+  print(f"interrupted: {signal.Signals(signum).name} while the command was "
+        "starting: nothing was trained or saved", file=sys.stderr)
+  sys.exit(128 + signum)
+
+
+if __name__ == "__main__":
+  # Before the imports, which take seconds (JAX): a signal then ends the
+  # command in one line instead of silently (SIGTERM's default) or with a
+  # traceback (SIGINT's); the run replaces these handlers with its own.
+  for _signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signum, _stopped_while_starting)
+
+import shlex  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import flags as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = run_flags.FLAGS
 run_flags.define_config_flags()
@@ -34,13 +52,17 @@ run_flags.define_run_control_flags()
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 
 
-def resume_command(argv: list[str]) -> str:
+def resume_command(argv: list[str], resume: bool = True) -> str:
   """The command line that continues this run: the same flags with
-  ``--resume`` instead of ``--overwrite``."""
+  ``--resume`` instead of ``--overwrite`` (``resume=False``: the command
+  that starts it, for a run stopped before anything was saved)."""
   drop = ("--resume", "--noresume", "--overwrite", "--nooverwrite")
   args = [a for a in argv[1:] if a.split("=")[0] not in drop]
+  if not resume:
+    args = [a for a in args if a.split("=")[0] != "--resume_changes"]
   return " ".join(["python -m experiments.run"] +
-                  [shlex.quote(a) for a in args] + ["--resume"])
+                  [shlex.quote(a) for a in args] +
+                  (["--resume"] if resume else []))
 
 
 def _log(line: str) -> None:
@@ -57,13 +79,18 @@ def main(argv):
     return training.run(
         config, FLAGS.output_dir or run_flags.default_output_dir(config),
         log=_log, checkpoint_every=FLAGS.checkpoint_every,
-        resume=FLAGS.resume, overwrite=FLAGS.overwrite)
+        resume=FLAGS.resume, overwrite=FLAGS.overwrite,
+        resume_changes=FLAGS.resume_changes)
 
   try:
     run_flags.run_command(body)
   except training.RunInterrupted as e:
-    print(f"interrupted: {e}\nresume with: {resume_command(sys.argv)}",
-          file=sys.stderr)
+    if e.checkpoint is None:  # nothing saved: the same command starts it
+      print(f"interrupted: {e}\nstart it again with: "
+            f"{resume_command(sys.argv, resume=False)}", file=sys.stderr)
+    else:
+      print(f"interrupted: {e}\nresume with: {resume_command(sys.argv)}",
+            file=sys.stderr)
     sys.exit(128 + e.signum)
   except KeyboardInterrupt:
     print("interrupted at once (second signal); resume from the newest "

@@ -193,6 +193,7 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
     rows.append({"cell": name, "seed": seed, **cell,
                  "final_accuracy": summary["final_accuracy"],
                  "best_accuracy": summary["best_accuracy"],
+                 "seconds": summary["seconds"],
                  "run_dir": run_dir})
   return rows
 
@@ -215,8 +216,10 @@ def run_comparison(body: Callable[[], Any]) -> Any:
 
 def check_run_control() -> None:
   """A comparison command decides itself whether each run is fresh,
-  reused or resumed: ``--resume`` and ``--overwrite`` are refused."""
-  given = [f"--{n}" for n in ("resume", "overwrite") if FLAGS[n].value]
+  reused or resumed: ``--resume``, ``--overwrite`` and
+  ``--resume_changes`` are refused."""
+  given = [f"--{n}" for n in ("resume", "overwrite", "resume_changes")
+           if FLAGS[n].value]
   if given:
     raise ValueError(f"{' and '.join(given)}: a comparison command reuses "
                      "finished runs and continues interrupted ones by "

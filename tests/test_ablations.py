@@ -15,6 +15,7 @@ import pytest
 from augfl_jax import fields, models, pretrain, training
 from augfl_jax.training import presets
 from experiments import ablations, plot
+from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,8 +31,7 @@ def pm_dir(tmp_path_factory):
   norm = training.validate(training.RunConfig()).norm  # the runs' default
   mlp = models.create_model("mlp", 10, norm=norm)
   params = models.init_params(mlp, jax.random.key(0), (8, 8, 1))
-  pretrain.save_pm(path, params, pretrain.pm_metadata(
-      "digits", "mlp", 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+  fake_pm.save(path, mlp, "mlp", params=params)
   return path
 
 
@@ -92,9 +92,8 @@ def test_pm_size_study_uses_one_pm_per_size(tmp_path, monkeypatch):
         base, **{"pm.model": name, "pm.kwargs": kwargs or ""}))
     mlp = models.create_model(name, 10, **presets.model_kwargs(
         name, config.norm, kwargs or ""))
-    pretrain.save_pm(config.pm.dir, models.init_params(
-        mlp, jax.random.key(0), (8, 8, 1)), pretrain.pm_metadata(
-            "digits", name, 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+    fake_pm.save(config.pm.dir, mlp, name,
+                 params=models.init_params(mlp, jax.random.key(0), (8, 8, 1)))
     dirs.append(config.pm.dir)
   out = str(tmp_path / "pm_size")
   rows = ablations.run_study("pm_size", base, [0], out)

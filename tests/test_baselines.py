@@ -38,16 +38,21 @@ def test_sample_batch_draws_real_rows_without_replacement():
   assert big["mask"].shape == (10,) and float(big["mask"].sum()) == 4
 
 
-def test_fedavg_full_batch_round_is_weighted_mean_of_gd_steps():
+@pytest.mark.parametrize("train_on", ["all", "support"])
+def test_fedavg_full_batch_round_is_weighted_mean_of_gd_steps(train_on):
+  """FedAvg's local data is support + query; the AugFL authors' FedAvg
+  (``train_on="support"``) trains on the support set alone."""
   clients = tiny.client_data(seed=2, num_clients=3)
   theta = tiny.init(jax.random.key(0))
-  config = fedavg.FedAvgConfig(lr=0.1, local_epochs=2, batch_size=64)
+  config = fedavg.FedAvgConfig(lr=0.1, local_epochs=2, batch_size=64,
+                               train_on=train_on)
   state, metrics = fedavg.make_round(tiny.loss_fn, config)(
       fedavg.init_state(theta, jax.random.key(9)), clients)
   models = []
   for i in range(3):
     c = tree.take(clients, i)
-    data = local.concat_batches(c.support, c.query)
+    data = (c.support if train_on == "support" else
+            local.concat_batches(c.support, c.query))
     models.append(_gd(_gd(theta, data, 0.1), data, 0.1))
   w = np.asarray(clients.num_examples) / np.sum(clients.num_examples)
   expected = jax.tree.map(lambda *ps: sum(wi * p for wi, p in zip(w, ps)),

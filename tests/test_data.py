@@ -420,3 +420,24 @@ def test_tensorflow_import_is_lazy():
   out = subprocess.run([sys.executable, "-c", code], cwd=root, check=True,
                        capture_output=True, text=True).stdout.split()
   assert out == ["False", "False"]
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5, 0.8])
+def test_support_fraction(digits, fraction):
+  """The support set holds ceil(fraction |D_i|) examples (at least one, and
+  at least one left for the query set); 0.5 is the 50/50 split (the support
+  set gets the odd one) and 0.2 the reference's 20/80."""
+  p = D.pathological_partition(digits.y, num_clients=40, M=20,
+                               server_size=400, support_fraction=fraction,
+                               seed=0)
+  for s, q in zip(p.support, p.query):
+    n = len(s) + len(q)
+    assert len(s) == min(max(int(np.ceil(fraction * n - 1e-9)), 1), n - 1)
+    assert not set(s.tolist()) & set(q.tolist())
+  with pytest.raises(ValueError, match="support_fraction"):
+    D.pathological_partition(digits.y, num_clients=40, M=20,
+                             server_size=400, support_fraction=1.0, seed=0)
+  fed = D.load_federated("digits", support_fraction=fraction)
+  counts = np.asarray(fed.train.support["mask"]).sum(1)
+  sizes = np.asarray(fed.train.num_examples)
+  np.testing.assert_array_equal(counts, np.ceil(fraction * sizes - 1e-9))

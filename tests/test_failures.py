@@ -22,6 +22,7 @@ import pytest
 
 from augfl_jax import fields, models, pretrain, training
 from augfl_jax.training import checkpoints, loop
+from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = lambda s: None  # noqa: E731
@@ -101,8 +102,7 @@ def _fake_pm(directory):
   shapes = jax.eval_shape(
       lambda: models.init_params(mlp, jax.random.key(0), (8, 8, 1)))
   params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-  pretrain.save_pm(directory, params, pretrain.pm_metadata(
-      "digits", "mlp", 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+  fake_pm.save(directory, mlp, "mlp", params=params)
 
 
 # ----------------------------------------------------------------------------

@@ -56,11 +56,11 @@ def _hand_loss(backbone, adapter, batch, s):
 
 
 def _hand_objective(backbone, personal, h_anchor, batch, s, lam):
-  """CE + lam * mean_j ||h_p[j] - h_anchor[j]|| with h_anchor a constant."""
+  """CE + lam * mean_j ||h_p[j] - h_anchor[j]||^2 with h_anchor a constant
+  (the default, squared distance)."""
   h, logits = _forward(_merged(backbone, personal, s), batch["x"],
                        batch["mask"])
-  sq = jnp.sum((h - h_anchor) ** 2, -1)
-  d = jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)
+  d = jnp.sum((h - h_anchor) ** 2, -1)
   reg = jnp.sum(d * batch["mask"]) / jnp.sum(batch["mask"])
   return _ce(logits, batch) + lam * reg
 

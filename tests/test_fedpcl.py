@@ -1,5 +1,7 @@
 """FedPCL: the contrastive loss by hand, vmap vs map, a tiny federated run."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -129,5 +131,11 @@ def test_few_rounds_beat_chance_on_held_out_clients(setup):
   assert ev["client_accuracy"].shape == (4,)
   assert float(ev["accuracy"]) > 0.7, ev  # chance: 1/3
   assert np.isfinite(float(ev["loss"]))
+  # The other rule is reported beside it, and predict="local" swaps them.
+  local = fedpcl.make_evaluate(
+      setup["model"], dataclasses.replace(setup["config"], predict="local"),
+      encoder_apply=encoder)(state, setup["test"])
+  np.testing.assert_allclose(local["accuracy"], ev["accuracy_local"])
+  np.testing.assert_allclose(local["accuracy_global"], ev["accuracy"])
   # Embeddings are unit vectors, so local prototypes have norm <= 1.
   assert float(jnp.max(jnp.linalg.norm(state.global_protos, axis=-1))) <= 1.0

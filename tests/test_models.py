@@ -166,12 +166,26 @@ def test_resnet32x4_tiny_batch():
   chex.assert_tree_all_finite((features, logits))
 
 
-def test_only_params_collection():
+def test_client_models_are_pure_in_their_params():
+  """A client model runs from its "params" alone (batch statistics of the
+  batch at hand); the running statistics ("batch_stats") exist only for the
+  PM's pretraining and its eval mode (norm="running")."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8, 8, 1)),
+                  jnp.float32)
   for name in ("cnn", "resnet8", "mlp"):
     model = models.create_model(name, 3, norm="batch")
     variables = jax.eval_shape(
         lambda m=model: m.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1))))
-    assert set(variables) == {"params"}, name
+    assert set(variables) == {"params", "batch_stats"}, name
+    params = models.init_params(model, jax.random.key(0), (8, 8, 1))
+    assert model.apply({"params": params}, x)[1].shape == (4, 3)
+    stats = models.init_batch_stats(model, (8, 8, 1))
+    running = model.clone(norm="running")
+    # Initial running statistics (mean 0, var 1) normalise nothing away.
+    assert running.apply({"params": params, "batch_stats": stats},
+                         x)[1].shape == (4, 3)
+  group = models.create_model("cnn", 3, norm="group")
+  assert models.init_batch_stats(group, (8, 8, 1)) == {}
 
 
 # -------------------------------------------------------- parameter counts

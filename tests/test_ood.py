@@ -20,6 +20,7 @@ from augfl_jax import data, fields, models, pretrain, training
 from augfl_jax.data import rotated
 from augfl_jax.training import wiring
 from experiments import ood, ood_domains
+from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTOCOL = ood.Protocol(angles=(0.0, 45.0, 90.0), clients_per_domain=1,
@@ -38,8 +39,7 @@ def pm_dir(tmp_path_factory):
   norm = training.validate(training.RunConfig()).norm  # the runs' default
   mlp = models.create_model("mlp", 10, norm=norm)
   params = models.init_params(mlp, jax.random.key(0), (8, 8, 1))
-  pretrain.save_pm(path, params, pretrain.pm_metadata(
-      "digits", "mlp", 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+  fake_pm.save(path, mlp, "mlp", params=params)
   return path
 
 

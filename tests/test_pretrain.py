@@ -1,5 +1,6 @@
 """PM pretraining, its lr schedule, checkpoints and the pretrain_pm CLI."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from augfl_jax import checkpoint, data, fields, models, training
+from augfl_jax import checkpoint, data, fields, models, pm, training
 from augfl_jax import pretrain as pt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,8 +45,9 @@ def trained(digits):
   """The tiny MLP pretrained with CONFIG on digits' 400 server examples."""
   model, server = _tiny_mlp(), _server(digits, 400)
   lines = []
-  params, metrics = pt.pretrain(model, server, CONFIG, log=lines.append)
-  return model, server, params, metrics, lines
+  variables, metrics = pt.pretrain(model, server, CONFIG, log=lines.append)
+  assert variables["batch_stats"] == {}  # no batch norm in this mlp
+  return model, server, variables["params"], metrics, lines
 
 
 def test_a_few_epochs_lift_heldout_accuracy_far_above_chance(trained):
@@ -67,6 +69,7 @@ def test_only_the_training_part_of_the_server_split_is_trained_on(trained):
   flipped = dict(server, y=np.concatenate(
       [server["y"][:360], (server["y"][360:] + 1) % 10]))
   other, other_metrics = pt.pretrain(model, flipped, CONFIG)
+  other = other["params"]
   assert other_metrics["train_loss"] == metrics["train_loss"]
   assert other_metrics["heldout_accuracy"] < 0.4 < metrics["heldout_accuracy"]
   for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(other)):
@@ -159,17 +162,23 @@ def test_checkpoint_overwrite_and_errors(tmp_path):
   assert not (tmp_path / "bad").exists()
 
 
-def _expected(model, dataset="digits", name="mlp", server_size=400, seed=0):
-  return pt.pm_metadata(dataset, name, server_size, seed,
-                        model_kwargs=pt.model_kwargs(model))
+def _expected(model, dataset="digits", name="mlp", server_size=400, seed=0,
+              config=CONFIG):
+  return pm.pm_metadata(dataset, name, server_size, seed,
+                        model_kwargs=pm.model_kwargs(model), config=config)
+
+
+def _variables(params):
+  return {"params": params, "batch_stats": {}}
 
 
 def test_pm_round_trip_and_mismatches_name_every_field(tmp_path, trained):
   model, _, params, _, _ = trained
   path = str(tmp_path / "pm")
-  pt.save_pm(path, params, {**_expected(model), "heldout_accuracy": 0.9,
-                            "epochs": 3})
-  got, meta = pt.load_pm(path, _expected(model))
+  pm.save_pm(path, _variables(params), {
+      **_expected(model), "heldout_accuracy": 0.9, "epochs": 3})
+  got, meta = pm.load_pm(path, _expected(model))
+  got = got["params"]
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert jax.tree.structure(got) == jax.tree.structure(params)
@@ -180,8 +189,8 @@ def test_pm_round_trip_and_mismatches_name_every_field(tmp_path, trained):
       "kwargs": {"num_classes": 10, "hidden": [32], "norm": "none"}}
   assert "created" in meta
 
-  with pytest.raises(pt.PMCheckpointMismatch) as e:
-    pt.load_pm(path, _expected(model, dataset="mnist", server_size=500))
+  with pytest.raises(pm.PMCheckpointMismatch) as e:
+    pm.load_pm(path, _expected(model, dataset="mnist", server_size=500))
   msg = str(e.value)
   assert "dataset=digits, server_size=400" in msg
   assert "dataset=mnist, server_size=500" in msg
@@ -189,26 +198,35 @@ def test_pm_round_trip_and_mismatches_name_every_field(tmp_path, trained):
   assert "--pm.dir" in msg and "architecture" not in msg
   assert "--data.server_size=500" in msg
   other = models.create_model("mlp", 10, hidden=(64,))
-  with pytest.raises(pt.PMCheckpointMismatch, match="architecture=mlp") as e:
-    pt.load_pm(path, _expected(other))
+  with pytest.raises(pm.PMCheckpointMismatch, match="architecture=mlp") as e:
+    pm.load_pm(path, _expected(other))
   assert "hidden=[64]" in str(e.value) and "hidden=[32]" in str(e.value)
-  with pytest.raises(pt.PMCheckpointMismatch, match="split_seed=0"):
-    pt.load_pm(path, _expected(model, seed=3))
-  with pytest.raises(pt.PMCheckpointMismatch, match="architecture=cnn"):
-    pt.load_pm(path, _expected(models.create_model("cnn", 10), name="cnn"))
+  with pytest.raises(pm.PMCheckpointMismatch, match="split_seed=0"):
+    pm.load_pm(path, _expected(model, seed=3))
+  with pytest.raises(pm.PMCheckpointMismatch, match="architecture=cnn"):
+    pm.load_pm(path, _expected(models.create_model("cnn", 10), name="cnn"))
   assert isinstance(e.value, ValueError)
+  # The recipe is part of what a PM was trained for: a short test's PM is
+  # never reused by a longer configuration (and the reverse).
+  longer = pt.PretrainConfig(model="mlp", epochs=30)
+  with pytest.raises(pm.PMCheckpointMismatch, match="epochs=6") as e:
+    pm.load_pm(path, _expected(model, config=longer))
+  assert "epochs=30" in str(e.value) and "--pm.epochs=30" in str(e.value)
+  with pytest.raises(pm.PMCheckpointMismatch, match="lr=0.05"):
+    pm.load_pm(path, _expected(model, config=pt.PretrainConfig(
+        model="mlp", epochs=6, lr=0.1)))
 
 
 def test_default_pm_dir():
-  assert pt.default_pm_dir("runs", "emnist/letters", "resnet32x4", 10000) == (
+  assert pm.default_pm_dir("runs", "emnist/letters", "resnet32x4", 10000) == (
       os.path.join("runs", "pm", "emnist_letters_resnet32x4_srv10000"))
 
 
 def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
     tmp_path, digits, trained, monkeypatch):
   calls = []
-  real = pt.pretrain
-  monkeypatch.setattr(pt, "pretrain",
+  real = pm.pretrain
+  monkeypatch.setattr(pm, "pretrain",
                       lambda *a, **k: calls.append(1) or real(*a, **k))
   model, server, trained_params, _, _ = trained
   path = str(tmp_path / "pm" / "x")
@@ -216,7 +234,8 @@ def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
             server=server, server_size=400, split_seed=0, config=CONFIG,
             input_shape=(8, 8, 1))
   lines = []
-  params, meta = pt.get_or_pretrain_pm(path, log=lines.append, **kw)
+  params, meta = pm.get_or_pretrain_pm(path, log=lines.append, **kw)
+  params = params["params"]
   assert len(calls) == 1 and os.path.isdir(path)
   assert lines[0].startswith(f"no PM at {path}: pretraining mlp")
   assert meta["epochs"] == 6 and meta["pretrain_config"]["epochs"] == 6
@@ -224,13 +243,14 @@ def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(trained_params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # same seed
   lines.clear()
-  again, meta2 = pt.get_or_pretrain_pm(path, log=lines.append, **kw)
+  again, meta2 = pm.get_or_pretrain_pm(path, log=lines.append, **kw)
+  again = again["params"]
   assert len(calls) == 1  # reused, not retrained
   assert meta2 == meta and lines[0].startswith(f"reusing the PM at {path}")
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  with pytest.raises(pt.PMCheckpointMismatch, match="server_size=400"):
-    pt.get_or_pretrain_pm(path, **dict(kw, server=_server(digits, 420),
+  with pytest.raises(pm.PMCheckpointMismatch, match="server_size=400"):
+    pm.get_or_pretrain_pm(path, **dict(kw, server=_server(digits, 420),
                                        server_size=420))
   assert len(calls) == 1
 
@@ -248,10 +268,12 @@ def test_a_pm_restores_under_either_conv_impl(tmp_path, digits, monkeypatch):
             server_size=100, split_seed=0, input_shape=(8, 8, 1),
             config=pt.PretrainConfig(model="cnn", epochs=1))
   path = str(tmp_path / "pm")
-  params, meta = pt.get_or_pretrain_pm(path, model=nets["patches"], **kw)
+  params, meta = pm.get_or_pretrain_pm(path, model=nets["patches"], **kw)
+  params = params["params"]
   assert "conv_impl" not in meta["architecture"]["kwargs"]
-  monkeypatch.setattr(pt, "pretrain", lambda *a, **k: pytest.fail("retrain"))
-  again, _ = pt.get_or_pretrain_pm(path, model=nets["xla"], **kw)
+  monkeypatch.setattr(pm, "pretrain", lambda *a, **k: pytest.fail("retrain"))
+  again, _ = pm.get_or_pretrain_pm(path, model=nets["xla"], **kw)
+  again = again["params"]
   assert jax.tree.structure(again) == jax.tree.structure(params)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -261,13 +283,14 @@ def test_a_pm_restores_under_either_conv_impl(tmp_path, digits, monkeypatch):
   for a, b in zip(*outputs):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   old = str(tmp_path / "old")
-  pt.save_pm(old, params, pt.pm_metadata(
-      "digits", "cnn", 100, 0,
-      model_kwargs={**pt.model_kwargs(nets["xla"]), "conv_impl": "xla"}))
+  pm.save_pm(old, {"params": params, "batch_stats": models.init_batch_stats(
+      nets["xla"], (8, 8, 1))}, pm.pm_metadata(
+          "digits", "cnn", 100, 0, config=kw["config"],
+          model_kwargs={**pm.model_kwargs(nets["xla"]), "conv_impl": "xla"}))
   for impl in models.CONV_IMPLS:
-    pt.get_or_pretrain_pm(old, model=nets[impl], **kw)
-  with pytest.raises(pt.PMCheckpointMismatch, match="widths"):
-    pt.get_or_pretrain_pm(old, model=models.create_model(
+    pm.get_or_pretrain_pm(old, model=nets[impl], **kw)
+  with pytest.raises(pm.PMCheckpointMismatch, match="widths"):
+    pm.get_or_pretrain_pm(old, model=models.create_model(
         "cnn", 10, widths=(4, 4), dense=16, conv_impl="xla"), **kw)
 
 
@@ -289,9 +312,10 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path):
   assert "pm epoch    2/2" in result.stdout
   assert f"PM saved to {pm_dir}" in result.stdout
   model = models.create_model("logreg", 10)
-  params, meta = pt.load_pm(
-      pm_dir, _expected(model, name="logreg", server_size=200))
-  assert params["head"]["kernel"].shape == (64, 10)
+  variables, meta = pm.load_pm(
+      pm_dir, _expected(model, name="logreg", server_size=200,
+                        config=pt.PretrainConfig(model="logreg", epochs=2)))
+  assert variables["params"]["head"]["kernel"].shape == (64, 10)
   assert meta["num_heldout"] == 20 and meta["epochs"] == 2
   assert f"held-out accuracy {100 * meta['heldout_accuracy']:.2f}%" in (
       result.stdout)
@@ -305,7 +329,8 @@ def test_cli_pretrains_the_pm_a_default_run_uses(tmp_path):
   result = _cli("--pm.epochs=1", f"--pm.dir={pm_dir}")
   assert result.returncode == 0, result.stderr
   config = training.validate(fields.replace(training.RunConfig(rounds=1),
-                                            **{"pm.dir": pm_dir}))
+                                            **{"pm.dir": pm_dir,
+                                               "pm.epochs": 1}))
   assert config.norm == "group"
   lines = []
   training.run(config, str(tmp_path / "run"), log=lines.append)
@@ -324,9 +349,10 @@ def test_cli_pretrains_into_the_default_directory_of_a_run(tmp_path):
       env={**os.environ, "PYTHONPATH": ROOT})
   assert result.returncode == 0, result.stderr
   config = training.validate(fields.replace(training.RunConfig(), **{
-      "pm.model": "mlp", "pm.kwargs": "{\"hidden\": [16]}", "norm": "batch"}))
+      "pm.model": "mlp", "pm.kwargs": "{\"hidden\": [16]}", "norm": "batch",
+      "pm.epochs": 1}))
   assert config.pm.dir == os.path.join("runs", "pm",
-                                       "digits_mlp-hidden-16_srv400")
+                                       "digits_mlp-hidden-16_e1_srv400")
   assert f"PM saved to {config.pm.dir}" in result.stdout
   assert os.path.isdir(tmp_path / config.pm.dir)
 
@@ -337,7 +363,7 @@ def test_cli_pretrains_into_the_default_directory_of_a_run(tmp_path):
     (["--pm.kwargs={"], "--pm.kwargs is not valid JSON"),
     (["--data.server_size=1"], "--data.server_size must be >= 2"),
     (["--dataset=synthetic"], "synthetic has natural clients"),
-    (["--lr=x"], "flag --lr=x"),
+    (["--pm.lr=x"], "flag --pm.lr=x"),
     (["--epochs=2"], "Unknown command line flag 'epochs'"),
     (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
 ])
@@ -348,3 +374,74 @@ def test_cli_bad_flags_fail_with_one_line(tmp_path, args, message):
   assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
   assert message in lines[0]
   assert not (tmp_path / "pm").exists()
+
+
+# ----------------------------------------------------------------------------
+# Running statistics (the PM as the reference's eval-mode teacher).
+
+
+def test_running_statistics_follow_pytorch(digits):
+  """Two steps of a batch-norm PM: its running mean/var are PyTorch's
+  (momentum 0.1, unbiased variance) of the first layer's pre-norm
+  activations, recomputed here from the parameters before each step."""
+  model = models.create_model("mlp", 10, hidden=(8,), norm="batch")
+  server = _server(digits, 64)
+  config = pt.PretrainConfig(model="mlp", epochs=1, batch_size=32,
+                             holdout_fraction=0.0, momentum=0.0, lr=0.1)
+  captured = []
+  real_step = pt.local.step
+
+  def spy(loss_fn, tx, params, opt_state, batch, stats):
+    captured.append((params, batch, stats))
+    return real_step(loss_fn, tx, params, opt_state, batch, stats)
+
+  pt._jitted.cache_clear()  # pylint: disable=protected-access
+  try:
+    pt.local.step = spy
+    variables, _ = pt.pretrain(model, server, config)
+  finally:
+    pt.local.step = real_step
+    pt._jitted.cache_clear()  # pylint: disable=protected-access
+  # One trace: recompute both steps by hand with the final epoch order.
+  assert len(captured) == 1
+  batches = pt._jitted(model, dataclasses.replace(  # pylint: disable=protected-access
+      config, model="", seed=0), 2, (8, 8, 1))[1](
+          jax.random.split(jax.random.key(0))[1], 1,
+          jax.device_put(pt._split(server, 0.0)[0]))  # pylint: disable=protected-access
+  mean, var = np.zeros(8), np.ones(8)
+  params = models.init_params(model, jax.random.split(jax.random.key(0))[0],
+                              (8, 8, 1))
+  opt = pt.make_optimizer(config, 2)
+  opt_state = opt.init(params)
+  loss = pt._loss_and_correct(model, True, track=True)  # pylint: disable=protected-access
+  stats = models.init_batch_stats(model, (8, 8, 1))
+  for i in range(2):
+    batch = jax.tree.map(lambda b: b[i], batches)
+    x = np.asarray(batch["x"]).reshape(32, -1)
+    h = x @ np.asarray(params["fc1"]["kernel"])
+    mean = 0.9 * mean + 0.1 * h.mean(0)
+    var = 0.9 * var + 0.1 * h.var(0, ddof=1)
+    params, opt_state, (_, stats) = pt.local.step(loss, opt, params,
+                                                  opt_state, batch, stats)
+  got = variables["batch_stats"]["norm1"]
+  np.testing.assert_allclose(got["mean"], mean, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(got["var"], var, rtol=1e-4, atol=1e-5)
+
+
+def test_the_eval_mode_pm_is_per_example(digits):
+  """With running statistics, a PM's output for an example does not depend
+  on the rest of its batch; with batch statistics it does."""
+  from augfl_jax.training import wiring  # pylint: disable=g-import-not-at-top
+  model = models.create_model("cnn", 10, widths=(4, 8), dense=16)
+  variables, _ = pt.pretrain(model, _server(digits, 100),
+                             pt.PretrainConfig(model="cnn", epochs=1))
+  x = jnp.asarray(digits.x[:12])
+  mask = jnp.ones(12)
+  for statistics, per_example in (("running", True), ("batch", False)):
+    config = fields.replace(training.RunConfig(), norm="batch",
+                            **{"pm.statistics": statistics})
+    apply, flag = wiring.pm_apply(config, model, variables)
+    assert flag == per_example
+    whole = np.asarray(apply(x, mask)[1][:4])
+    part = np.asarray(apply(x[:4], mask[:4])[1])
+    assert np.allclose(whole, part, atol=1e-5) == per_example

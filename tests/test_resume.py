@@ -19,6 +19,7 @@ import pytest
 
 from augfl_jax import algorithms, clients, fields, models, pretrain, training
 from augfl_jax.training import checkpoints, loop, wiring
+from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PM_RUN = {"augfl.lam": 5.0, "pm.model": "mlp"}
@@ -40,8 +41,7 @@ def pm_dir(tmp_path_factory):
   rng = np.random.default_rng(0)
   params = jax.tree.map(
       lambda s: rng.normal(0, 0.1, s.shape).astype(s.dtype), shapes)
-  pretrain.save_pm(path, params, pretrain.pm_metadata(
-      "digits", "mlp", 400, 0, model_kwargs=pretrain.model_kwargs(mlp)))
+  fake_pm.save(path, mlp, "mlp", params=params)
   return path
 
 
@@ -449,13 +449,21 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(
                                                            lines.append)
   assert step == 3
   np.testing.assert_array_equal(tree["w"], np.full(3, 3.0))
-  assert len(lines) == 1 and "step_6 is damaged" in lines[0]
+  assert len(lines) == 2 and "step_6 is damaged" in lines[0]
+  # ... and set aside, so that the resumed run can save round 6 again.
+  assert lines[1].startswith(f"kept the damaged checkpoint as {root}/"
+                             "step_6.damaged")
+  assert sorted(os.listdir(root)) == ["step_3", "step_6.damaged"]
   # Every step damaged: one line naming each, and the way out.
-  path = os.path.join(root, "step_3", "meta", "metadata")
-  meta = json.load(open(path))
-  meta["checksums"] = {k: v ^ 1 for k, v in meta["checksums"].items()}
-  json.dump(meta, open(path, "w"))
+  manager = checkpoints.RunCheckpoints(root)
+  manager.save(9, _tree(9.0), {"round": 9})
+  manager.close()
+  for step in (3, 9):
+    path = os.path.join(root, f"step_{step}", "meta", "metadata")
+    meta = json.load(open(path))
+    meta["checksums"] = {k: v ^ 1 for k, v in meta["checksums"].items()}
+    json.dump(meta, open(path, "w"))
   with pytest.raises(checkpoints.CheckpointError) as e:
     checkpoints.RunCheckpoints(root).restore(_tree(0.0), lambda s: None)
-  assert "step 6" in str(e.value) and "step 3" in str(e.value)
+  assert "step 9" in str(e.value) and "step 3" in str(e.value)
   assert "--overwrite" in str(e.value) and "\n" not in str(e.value)

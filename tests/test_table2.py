@@ -21,40 +21,51 @@ pytestmark = pytest.mark.usefixtures("compile_cache")
 
 def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
                                                           monkeypatch):
-  out = str(tmp_path / "table2")
+  out, results = str(tmp_path / "table2"), str(tmp_path / "results")
   base = training.RunConfig(rounds=2)
   args = (base, ["digits"], ["fedavg", "augfl_wo_pm"], [0], out)
-  text = table2.run_table(*args)
+  text = table2.run_table(*args, results_dir=results)
+  assert open(os.path.join(results, "digits", "table2.md")).read() == (
+      text + "\n" if not text.endswith("\n") else text)
   lines = text.splitlines()
-  assert lines[2] == "| Dataset | FedAvg | AugFL w/o PM |"
-  row = lines[4].split(" | ")
-  assert row[0] == "| digits" and len(row) == 3
-  for cell in (row[1], row[2].rstrip(" |")):
-    mean, std = (float(v) for v in cell.split("±"))
-    assert 0.0 <= mean <= 100.0 and std == 0.0  # one seed
-  assert open(os.path.join(out, "table2.md")).read() == text
-  rows = list(csv.DictReader(open(os.path.join(out, "table2.csv"))))
-  assert [(r["dataset"], r["method"], r["seed"]) for r in rows] == [
-      ("digits", "fedavg", "0"), ("digits", "augfl_wo_pm", "0")]
+  assert lines[0] == "# Table II on digits"
+  assert "Configuration shared by every run: dataset=digits" in text
+  assert "data.server_size=400" in text and "rounds=2" in text
+  assert "* FedAvg: fedavg: lr=0.05" in text
+  assert "* AugFL w/o PM: augfl: alpha=0.03, rho=0.7, lam=0.0" in text
+  summary = [line for line in lines if line.startswith("| FedAvg |")]
+  mean, std = (float(v) for v in summary[0].split(" | ")[1].split("±"))
+  assert 0.0 <= mean <= 100.0 and std == 0.0  # one seed
+  assert summary[0].endswith("| 1 | – |")  # no Table II value for digits
+  rows = list(csv.DictReader(open(os.path.join(results, "digits",
+                                               "table2.csv"))))
+  assert [(r["method"], r["seed"]) for r in rows] == [
+      ("fedavg", "0"), ("augfl_wo_pm", "0")]
+  assert list(rows[0]) == ["method", "seed", "final_accuracy",
+                           "best_accuracy", "seconds"]
+  assert 0.0 <= float(rows[0]["final_accuracy"]) <= 100.0  # in %
+  assert float(rows[0]["seconds"]) > 0
   assert os.path.exists(os.path.join(out, "digits", "fedavg", "seed0",
                                      "summary.json"))
 
   def fail(*a, **k):
     raise AssertionError("recomputed a finished cell")
   monkeypatch.setattr(training, "run", fail)
-  assert table2.run_table(*args) == text
+  assert table2.run_table(*args, results_dir=results) == text
   # The same directory with another configuration is refused, not reused.
   with pytest.raises(ValueError, match="another configuration") as e:
     table2.run_table(fields.replace(training.RunConfig(rounds=2),
-                                    **{"fedavg.lr": 0.5}), *args[1:])
+                                    **{"fedavg.lr": 0.5}), *args[1:],
+                     results_dir=results)
   assert "fedavg.lr: 0.05 -> 0.5" in str(e.value)
 
 
 def test_more_rounds_continue_the_finished_cells(tmp_path):
   out = str(tmp_path / "table2")
   lines = []
+  results = str(tmp_path / "results")
   table2.run_table(training.RunConfig(rounds=1), ["digits"], ["fedavg"], [0],
-                   out)
+                   out, results_dir=results)
   real_run = training.run
 
   def run(*a, **k):
@@ -63,9 +74,10 @@ def test_more_rounds_continue_the_finished_cells(tmp_path):
   with pytest.MonkeyPatch.context() as m:
     m.setattr(training, "run", run)
     table2.run_table(training.RunConfig(rounds=2), ["digits"], ["fedavg"],
-                     [0], out)
+                     [0], out, results_dir=results)
   assert lines == [True]  # resumed from its round-1 checkpoint
-  rows = list(csv.DictReader(open(os.path.join(out, "table2.csv"))))
+  rows = list(csv.DictReader(open(os.path.join(results, "digits",
+                                               "table2.csv"))))
   assert len(rows) == 1
 
 

@@ -1,8 +1,11 @@
 """FedAvg (McMahan et al., 2017): local SGD epochs, sample-weighted averaging.
 
 A client trains on all of its local data (support and query together) for
-``local_epochs`` epochs of minibatch SGD from the server model. Held-out
-clients: fast adaptation of the global model (``augfl_jax.evaluation``).
+``local_epochs`` epochs of minibatch SGD from the server model. The AugFL
+authors' code trains its FedAvg on the support set only, full batch, at
+lr alpha: ``train_on="support"``, ``batch_size`` at least a client's size and
+``lr=0.03`` reproduce it. Held-out clients: fast adaptation of the global
+model (``augfl_jax.evaluation``).
 
 FedLP is FedAvg started from a client-size model pretrained on the server
 split (the caller passes it as the initial params).
@@ -20,6 +23,7 @@ from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
 
 PM_ROLE = "none"
 FEDLP_PM_ROLE = "initialization"
+TRAIN_ON = ("all", "support")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +34,16 @@ class FedAvgConfig:
   local_epochs: int = field(1, "local epochs E per round")
   batch_size: int = field(10, "local minibatch size B (at least a client's "
       "size: full batch)")
+  train_on: str = field("all", "a client's training data: all (support and "
+      "query, FedAvg's) or support (the AugFL authors' code)",
+      choices=TRAIN_ON)
 
   def __post_init__(self):
     if not self.lr > 0:
       raise ValueError(f"lr must be > 0, got {self.lr}")
+    if self.train_on not in TRAIN_ON:
+      raise ValueError(f"train_on must be one of {TRAIN_ON}, got "
+                       f"{self.train_on!r}")
     if self.local_epochs < 1 or self.batch_size < 1:
       raise ValueError("local_epochs and batch_size must be >= 1, got "
                        f"{self.local_epochs} and {self.batch_size}")
@@ -42,7 +52,8 @@ class FedAvgConfig:
 def local_update(loss_fn: LossFn, config: FedAvgConfig, params: Params,
                  client: ClientData, key: PRNGKey):
   """One client's E epochs of SGD on D_i = D_i^s ∪ D_i^q; returns (params, loss)."""
-  data = local.concat_batches(client.support, client.query)
+  data = (client.support if config.train_on == "support" else
+          local.concat_batches(client.support, client.query))
   return local.train(loss_fn, local.sgd(config.lr), params, data, key,
                      epochs=config.local_epochs, batch_size=config.batch_size)
 

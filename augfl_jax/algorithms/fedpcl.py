@@ -36,9 +36,12 @@ Server: ``Cbar`` = ``prototypes.aggregate_prototypes`` over the latest local
 prototypes of every client (default per-class weights n_ik; the code: plain
 mean), and the set of all clients' local prototypes is broadcast.
 
-Prediction (the public code's ``test_inference_twoway``): nearest LOCAL
-prototype of the client (squared Euclidean), among the classes it holds;
-``accuracy_global`` reports the nearest global prototype as well.
+Prediction (``predict``): by default the nearest GLOBAL prototype (squared
+Euclidean), over all classes, as every other method of this library predicts
+over all classes; ``predict="local"`` is the public code's
+``test_inference_twoway``, the nearest of the client's own prototypes, among
+the classes it holds (a two-way decision on two-class clients). The other
+rule's accuracy is reported too (``accuracy_local`` / ``accuracy_global``).
 
 A held-out client starts from the INITIAL projector (all clients start from
 the same one), trains ``eval_epochs`` epochs of ``L`` on its support set with
@@ -66,6 +69,7 @@ from augfl_jax.fields import field
 from augfl_jax.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "encoder"
+PREDICTIONS = ("global", "local")
 EncoderApply = Callable[[jax.Array, jax.Array], jax.Array]
 EVAL_SALT = 0x7FFFFFF1
 
@@ -84,6 +88,10 @@ class FedPCLConfig:
       choices=prototypes.WEIGHTINGS)
   eval_epochs: int | None = field(None, "a held-out client's epochs on its "
       "support set (default: local_epochs)")
+  predict: str = field("global", "global: the nearest global prototype, "
+      "over all classes (as every method here); local: the nearest of the "
+      "client's own prototypes, among its classes (the public code)",
+      choices=PREDICTIONS)
 
   def __post_init__(self):
     if not (self.temperature > 0 and self.lr > 0 and
@@ -94,6 +102,9 @@ class FedPCLConfig:
       raise ValueError("local_epochs and batch_size must be >= 1")
     if self.eval_epochs is not None and self.eval_epochs < 0:
       raise ValueError(f"eval_epochs must be >= 0, got {self.eval_epochs}")
+    if self.predict not in PREDICTIONS:
+      raise ValueError(f"predict must be one of {PREDICTIONS}, got "
+                       f"{self.predict!r}")
     if self.proto_weighting not in prototypes.WEIGHTINGS:
       raise ValueError(f"proto_weighting must be one of "
                        f"{prototypes.WEIGHTINGS}, got {self.proto_weighting!r}")
@@ -180,10 +191,12 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
                   encoder_apply: EncoderApply):
   """Jitted ``evaluate(state, clients) -> metrics`` on held-out clients.
 
-  Metrics: ``accuracy`` / ``accuracy_std`` / ``client_accuracy`` (nearest
-  local prototype, computed on the support set), the same with suffix
-  ``_global`` (nearest global prototype), and ``loss`` (``L_g + L_p`` on the
-  query set, sample-weighted).
+  Metrics: ``accuracy`` / ``accuracy_std`` / ``client_accuracy`` by
+  ``config.predict`` (``"global"``: the nearest global prototype, over all
+  classes; ``"local"``: the nearest of the prototypes the client computes on
+  its support set, i.e. among its own classes), the other rule's with the
+  suffix ``_local`` or ``_global``, and ``loss`` (``L_g + L_p`` on the query
+  set, sample-weighted).
   """
   strategy = clients_lib.as_strategy(strategy)
   project = fedpcl_contrastive.make_project_fn(model)
@@ -219,11 +232,15 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
 
   def evaluate(state: FedPCLState, clients: ClientData):
     keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
-    correct, correct_global, loss, count = clients_lib.map_clients(
+    correct_local, correct_global, loss, count = clients_lib.map_clients(
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy)
-    return {**evaluation.summarise(loss, correct, count),
-            **evaluation.summarise(None, correct_global, count,
-                                   suffix="_global")}
+    scored, other = ((correct_global, correct_local)
+                     if config.predict == "global"
+                     else (correct_local, correct_global))
+    other_name = "local" if config.predict == "global" else "global"
+    return {**evaluation.summarise(loss, scored, count),
+            **evaluation.summarise(None, other, count,
+                                   suffix=f"_{other_name}")}
 
   return jax.jit(evaluate)
 

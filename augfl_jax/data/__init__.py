@@ -27,6 +27,7 @@ from augfl_jax.data.partition import Partition
 from augfl_jax.data.partition import describe
 from augfl_jax.data.partition import dirichlet_partition
 from augfl_jax.data.partition import natural_partition
+from augfl_jax.data.partition import num_train_clients
 from augfl_jax.data.partition import pathological_partition
 from augfl_jax.data.partition import server_split
 from augfl_jax.data.sources import DATASET_DEFAULTS
@@ -59,6 +60,7 @@ __all__ = [
     "locate",
     "make_partition",
     "natural_partition",
+    "num_train_clients",
     "pad_stack",
     "pathological_partition",
     "server_split",

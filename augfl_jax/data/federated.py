@@ -19,7 +19,8 @@ from augfl_jax.data.partition import Partition
 from augfl_jax.data.sources import Dataset
 from augfl_jax.types import Batch, ClientData
 
-__all__ = ["FederatedData", "build_federated", "client_data", "pad_stack"]
+__all__ = ["FederatedData", "build_federated", "check_labels", "client_data",
+           "pad_stack"]
 
 
 def _pad_stack_np(x: np.ndarray, y: np.ndarray,
@@ -47,12 +48,32 @@ def _pad_stack_np(x: np.ndarray, y: np.ndarray,
   return {"x": xs, "y": ys, "mask": mask}
 
 
+def check_labels(y: np.ndarray, num_classes: int, what: str = "labels"
+                ) -> None:
+  """Raises ``ValueError`` unless every label lies in ``[0, num_classes)``.
+
+  The losses cannot check it under jit: an out-of-range label there gives
+  a NaN or a finite but meaningless loss (the one-hot row is empty or the
+  gather clamps), so data are checked where they are built.
+  """
+  y = np.asarray(y)
+  if y.size and (not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or
+                 y.max() >= num_classes):
+    bad = y[(y < 0) | (y >= num_classes)] if np.issubdtype(
+        y.dtype, np.integer) else y
+    raise ValueError(
+        f"{what} must be integers in 0..{num_classes - 1}; got "
+        f"{np.unique(bad)[:5].tolist()} ({y.dtype}); check the dataset's "
+        "labels and num_classes")
+
+
 def pad_stack(
     x: np.ndarray,
     y: np.ndarray,
     index_lists: Sequence[np.ndarray],
     *,
     pad_to: int | None = None,
+    num_classes: int | None = None,
 ) -> Batch:
   """Gathers ``C`` index lists into one padded, masked, stacked batch.
 
@@ -61,6 +82,8 @@ def pad_stack(
     y: ``[n]`` int labels.
     index_lists: ``C`` arrays of example indices (ragged).
     pad_to: padded length; ``None`` means the longest list (at least 1).
+    num_classes: when given, the labels gathered must lie in
+      ``[0, num_classes)`` (:func:`check_labels`).
 
   Returns:
     ``{"x": [C, pad_to, ...] float32, "y": [C, pad_to] int32,
@@ -68,8 +91,13 @@ def pad_stack(
     is real iff ``j < len(index_lists[i])``; padding rows are all zeros.
 
   Raises:
-    ValueError: ``pad_to`` is shorter than the longest list.
+    ValueError: ``pad_to`` is shorter than the longest list, or a label is
+      outside ``[0, num_classes)``.
   """
+  if num_classes is not None:
+    used = [np.asarray(i, dtype=np.int64) for i in index_lists]
+    check_labels(np.asarray(y)[np.concatenate(used)] if used else y[:0],
+                 num_classes)
   return jax.tree.map(jnp.asarray, _pad_stack_np(x, y, index_lists, pad_to))
 
 
@@ -145,8 +173,14 @@ def build_federated(dataset: Dataset, partition: Partition) -> FederatedData:
 
   Returns:
     The :class:`FederatedData`.
+
+  Raises:
+    ValueError: indices outside the dataset, or a label outside
+      ``[0, dataset.num_classes)``.
   """
   n = dataset.num_examples
+  check_labels(dataset.y, dataset.num_classes,
+               f"the labels of dataset {dataset.name!r}")
   all_idx = [partition.server, *partition.support, *partition.query]
   if any(len(i) and (i.min() < 0 or i.max() >= n) for i in all_idx):
     raise ValueError(

@@ -157,6 +157,12 @@ def _num_test_clients(num_clients: int, train_fraction: float) -> int:
   return n_test
 
 
+def num_train_clients(num_clients: int, train_fraction: float = 0.8) -> int:
+  """How many of ``num_clients`` clients a partition trains (the rest are
+  held out), known before any data is loaded."""
+  return num_clients - _num_test_clients(num_clients, train_fraction)
+
+
 def _check_support_fraction(support_fraction: float) -> float:
   if not 0.0 < float(support_fraction) < 1.0:
     raise ValueError(

@@ -174,7 +174,17 @@ def make_loss_fn(model: nn.Module) -> Callable[[Params, Batch], jax.Array]:
 
   ``sum_j mask_j CE(logits_j, y_j) / max(sum_j mask_j, 1)`` where the logits
   come from ``model.apply({"params": params}, batch["x"],
-  mask=batch["mask"])``. A batch without ``"mask"`` counts every row.
+  mask=batch["mask"])``.
+
+  Without ``"mask"`` EVERY row counts as a real example: the loss is the
+  plain mean over all rows, padding included, and normalisation layers
+  take their statistics over every row. Pass a padded batch with its mask
+  (``augfl_jax.data.pad_stack`` makes both).
+
+  Labels must lie in ``[0, K)`` for the model's ``K`` classes. They are not
+  checked here (the function runs under jit): an out-of-range label gives a
+  NaN or a finite, meaningless loss. ``augfl_jax.data.build_federated`` and
+  ``pad_stack(..., num_classes=K)`` check them where the data are built.
   """
 
   def loss_fn(params: Params, batch: Batch) -> jax.Array:
@@ -194,7 +204,8 @@ def make_eval_fn(
 
   ``loss`` is the masked mean cross-entropy (as ``make_loss_fn``), ``correct``
   the number of real examples whose argmax logit equals the label (divide by
-  ``sum(mask)`` for the accuracy).
+  ``sum(mask)`` for the accuracy). Without ``"mask"`` every row counts, and
+  labels must lie in ``[0, K)`` (both as ``make_loss_fn``).
   """
 
   def eval_fn(params: Params, batch: Batch) -> tuple[jax.Array, jax.Array]:

@@ -12,15 +12,16 @@ calls; a Python user calls it the same way::
 * :mod:`.wiring`: data, models, the PM by its role, the algorithm;
 * :mod:`.loop`: ``run``; :mod:`.safety`: the non-finite guard and signals;
 * :mod:`.outputs`, :mod:`.checkpoints`, :mod:`.events`: the run's files;
-* :mod:`.progress`: time per step and time left.
+* :class:`Progress` (``augfl_jax.progress``): time per step and time left.
 """
 
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
-                                presets, progress, safety, wiring)
+                                presets, safety, wiring)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
-                                       RESUMABLE_FIELDS, RunConfig)
+                                       RESUMABLE_FIELDS, STEP_SIZE_FIELDS,
+                                       RunConfig)
 from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
                                      RunInterrupted, run)
 from augfl_jax.training.outputs import OutputDirError
 from augfl_jax.training.presets import resolve, validate
-from augfl_jax.training.progress import Progress
+from augfl_jax.progress import Progress

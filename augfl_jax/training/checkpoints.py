@@ -8,13 +8,21 @@ not yet reported, the seconds spent, and a CRC-32 of every array of
 into place, saves in the background (the arrays are copied to the host
 before :meth:`RunCheckpoints.save` returns) and keeps the newest ``keep``
 steps. :meth:`RunCheckpoints.restore` checks the CRCs and falls back to the
-previous step, saying so, when the newest is truncated or corrupt.
+previous step, saying so, when the newest is truncated or corrupt, and
+moves the damaged newer steps aside (``step_<n>.damaged``, which orbax
+ignores), so that the resumed run can save those steps again.
+
+A save that fails (a full disk, a file system gone read-only) raises
+:class:`CheckpointError` in one line, at the next save, :meth:`wait` or
+:meth:`close`: orbax saves in the background.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import zlib
 from typing import Any, Callable
 
@@ -26,7 +34,33 @@ __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
 
 
 class CheckpointError(ValueError):
-  """No checkpoint of the run can be restored (one line: which, and why)."""
+  """No checkpoint of the run can be restored, or one cannot be saved (one
+  line: which, and why)."""
+
+
+def _reason(e: BaseException) -> str:
+  """The first line of an exception's message, at most 200 characters."""
+  text = str(e).strip()
+  return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _quiet_closed_loop_callbacks() -> None:
+  """Drops the ``RuntimeError('Event loop is closed')`` that TensorStore's
+  callbacks raise into ``sys.unraisablehook`` when orbax has given up on a
+  damaged or unwritable checkpoint and closed its event loop (one
+  traceback per array, after the error itself was raised and reported);
+  every other unraisable exception goes to the hook installed before."""
+  previous = sys.unraisablehook
+  if getattr(previous, "_augfl_jax_filter", False):
+    return
+
+  def hook(unraisable):
+    if (isinstance(unraisable.exc_value, RuntimeError) and
+        str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    previous(unraisable)
+  hook._augfl_jax_filter = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
 
 
 def checksums(tree: Any) -> dict[str, int]:
@@ -54,6 +88,7 @@ class RunCheckpoints:
     if keep < 2:
       raise ValueError(f"keep must be >= 2, got {keep}")
     self.directory = os.path.abspath(directory)
+    _quiet_closed_loop_callbacks()
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=("state", "meta"),
         options=ocp.CheckpointManagerOptions(
@@ -76,28 +111,71 @@ class RunCheckpoints:
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> str:
     """Starts saving ``state`` and ``meta`` as ``step``; returns its path.
     The arrays are on the host when this returns (``state`` may then be
-    donated); :meth:`wait` waits for the files."""
-    os.makedirs(self.directory, exist_ok=True)
+    donated); :meth:`wait` waits for the files.
+
+    Raises:
+      CheckpointError: this save, or the one before it, failed.
+    """
     # A copy taken now: the save runs in the background, and the caller may
     # change what ``meta`` holds (the loop appends to its pending losses).
     meta = json.loads(json.dumps({**meta, "checksums": checksums(state)}))
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-        force=True)
+    try:
+      os.makedirs(self.directory, exist_ok=True)
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+          force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"saving a checkpoint in {self.directory} "
+                            f"failed ({_reason(e)})") from None
     return self.path(step)
 
   def wait(self) -> None:
-    """Waits until every started save is on disk."""
-    self._manager.wait_until_finished()
+    """Waits until every started save is on disk.
+
+    Raises:
+      CheckpointError: a save failed.
+    """
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"saving a checkpoint in {self.directory} "
+                            f"failed ({_reason(e)})") from None
 
   def read_meta(self, step: int) -> dict[str, Any]:
     """A step's ``meta`` item alone (no arrays read)."""
     return self._manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"]
 
+  def latest_meta(self, log: Callable[[str], None]
+                 ) -> tuple[int, dict[str, Any]]:
+    """``(step, meta)`` of the newest step whose ``meta`` reads back (the
+    arrays are checked by :meth:`restore`); told to ``log``: each step
+    skipped.
+
+    Raises:
+      CheckpointError: there is no step, or no ``meta`` reads back.
+    """
+    problems = []
+    for step in reversed(self.steps()):
+      try:
+        meta = self.read_meta(step)
+        if not isinstance(meta, dict) or "config" not in meta:
+          raise ValueError("its metadata has no configuration")
+        return step, meta
+      except Exception as e:  # pylint: disable=broad-except
+        problems.append(f"step {step}: {_reason(e)}")
+        log(f"checkpoint {self.path(step)} is damaged ({_reason(e)}); "
+            "trying the one before it")
+    raise CheckpointError(
+        f"no checkpoint in {self.directory} reads back ("
+        f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
+        "start the run again")
+
   def restore(self, like: Any, log: Callable[[str], None]
              ) -> tuple[int, Any, dict[str, Any]]:
     """The newest step that reads back whole: ``(step, state, meta)``.
+
+    Steps newer than it (damaged) are renamed ``step_<n>.damaged``.
 
     Args:
       like: the state's structure (arrays or ``jax.ShapeDtypeStruct``).
@@ -110,7 +188,7 @@ class RunCheckpoints:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                        sharding=getattr(x, "sharding", None)),
         like)
-    problems = []
+    problems, damaged = [], []
     for step in reversed(self.steps()):
       try:
         item = self._manager.restore(step, args=ocp.args.Composite(
@@ -122,18 +200,51 @@ class RunCheckpoints:
         if bad:
           raise ValueError(f"checksum mismatch in {', '.join(bad[:3])}")
       except Exception as e:  # pylint: disable=broad-except
-        reason = str(e).strip().splitlines()[0][:200] if str(e) else (
-            type(e).__name__)
+        reason = _reason(e)
         problems.append(f"step {step}: {reason}")
+        damaged.append(step)
         log(f"checkpoint {self.path(step)} is damaged ({reason}); trying "
             "the one before it")
         continue
+      for bad_step in damaged:
+        self._set_aside(bad_step, log)
       return step, state, meta
     raise CheckpointError(
         f"no checkpoint in {self.directory} reads back whole ("
         f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
         "start the run again")
 
-  def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+  def _set_aside(self, step: int, log: Callable[[str], None]) -> None:
+    """Renames damaged ``step_<n>`` to ``step_<n>.damaged`` (replacing an
+    older such copy): kept to look at, out of the way of a new save."""
+    path, aside = self.path(step), self.path(step) + ".damaged"
+    if os.path.isdir(aside):
+      shutil.rmtree(aside)
+    os.rename(path, aside)
+    self._manager.reload()
+    log(f"kept the damaged checkpoint as {aside}, out of the way: round "
+        f"{step} is saved again when the run gets there")
+
+  def close(self, quiet: bool = False) -> None:
+    """Waits for the saves in flight and releases orbax's threads.
+
+    Args:
+      quiet: drop a failed save's error (the caller is already reporting
+        another one).
+
+    Raises:
+      CheckpointError: a save failed (unless ``quiet``).
+    """
+    error = None
+    try:
+      self.wait()
+    except CheckpointError as e:
+      error = e
+    try:
+      self._manager.close()
+    except Exception as e:  # pylint: disable=broad-except
+      error = error or CheckpointError(
+          f"closing the checkpoints in {self.directory} failed "
+          f"({_reason(e)})")
+    if error is not None and not quiet:
+      raise error

@@ -57,6 +57,14 @@ class DataConfig:
       0.5, "fraction of a client's examples in its support set (the "
       "paper's 50/50; the reference code's 0.2 for Fashion-MNIST, EMNIST)")
 
+  def __post_init__(self):
+    # Here, not only in presets.validate: the defaults resolved from a
+    # negative server split (CRD's kt_steps) would fail first, naming
+    # another field.
+    if self.server_size is not None and self.server_size < 0:
+      raise ValueError("server_size must be >= 0 (0: no server split), got "
+                       f"{self.server_size}")
+
 
 @dataclasses.dataclass(frozen=True)
 class PMConfig:
@@ -70,10 +78,23 @@ class PMConfig:
       "the reference's; digits 30)")
   kwargs: str = field("", "JSON keyword arguments of the PM model, e.g. "
                       "'{\"hidden\": [512, 256]}'")
+  lr: float = field(0.05, "pretraining's initial learning rate, x0.1 at "
+                    "62.5%, 75% and 87.5% of the epochs (the reference's)")
+  batch_size: int = field(64, "pretraining's minibatch size (the "
+                          "reference's)")
+  holdout_fraction: float = field(
+      0.1, "the last fraction of the server split held out to report the "
+      "PM's accuracy (not trained on)")
   dir: str | None = field(
       None, "the PM's checkpoint directory (default runs/pm/<dataset>_"
-      "<model>..._srv<n>); reused when it matches the run, pretrained when "
-      "missing, refused when it does not match")
+      "<model>..._e<epochs>_srv<n>); reused when it was trained for the "
+      "run (dataset, architecture, split, recipe), pretrained when missing, "
+      "refused otherwise")
+  statistics: str = field(
+      "running", "how a batch-norm PM normalises when it teaches (CRD) or "
+      "encodes (FedPCL): running (eval mode, the statistics kept while it "
+      "trained, as the reference's teacher) or batch (the statistics of "
+      "each server minibatch)", choices=("running", "batch"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +197,24 @@ SECTIONS = {"augfl": "augfl", "kt_only": "augfl", "fedavg": "fedavg",
 # computation or say where the files are).
 RESUMABLE_FIELDS = ("rounds", "eval_every", "data.data_dir", "strategy",
                     "chunk_size", "conv_impl", "crd.loop")
+# Step sizes: a resumed run may change those it names in ``resume_changes``
+# (``--resume_changes``), e.g. after a non-finite round; the change is
+# recorded in ``changes.jsonl`` and the log. They change the maths from the
+# checkpoint on, never the state saved, which is why they must be named.
+STEP_SIZE_FIELDS = ("augfl.alpha", "eval.alpha", "fedavg.lr",
+                    "per_fedavg.alpha", "per_fedavg.beta", "fedbc.lr",
+                    "fedbc.lr_lambda", "fedbc.lr_gamma", "fedbc.alpha",
+                    "fedbc.beta", "fedproto.lr", "fedpcl.lr", "fedcp.lr",
+                    "fedit.lr", "fedoa.lr", "fedoa.personal_lr",
+                    "crd.head_lr", "crd.student_lr")
 
 
 def algorithm_config(config: RunConfig):
   """The config of ``config.algorithm``: its section."""
   return getattr(config, SECTIONS[config.algorithm])
+
+
+def step_size_fields(config: RunConfig) -> tuple[str, ...]:
+  """The :data:`STEP_SIZE_FIELDS` of ``config.algorithm``'s section."""
+  head = SECTIONS[config.algorithm] + "."
+  return tuple(n for n in STEP_SIZE_FIELDS if n.startswith(head))

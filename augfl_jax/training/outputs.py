@@ -30,7 +30,7 @@ __all__ = ["OWN_FILES", "OutputDir", "OutputDirError", "write_json_atomic"]
 
 # What a run writes (``tb/``: TensorBoard events).
 OWN_FILES = ("config.json", "partition.txt", "metrics.jsonl", "summary.json",
-             "checkpoints", "tb")
+             "checkpoints", "tb", "changes.jsonl")
 MANIFEST = ".augfl_jax.json"
 LOCK = ".augfl_jax.lock"
 
@@ -97,26 +97,52 @@ class OutputDir:
           f"{e.strerror or e}") from None
 
   @contextlib.contextmanager
-  def lock(self) -> Iterator[None]:
-    """Holds the directory's exclusive lock (module docstring)."""
+  def lock(self, remove_if_unused: bool = False) -> Iterator[None]:
+    """Holds the directory's exclusive lock (module docstring).
+
+    Args:
+      remove_if_unused: on leaving, remove the directory when it holds
+        nothing but the lock file (a run that created it and failed before
+        writing anything); done while the lock is still held, so that it
+        never removes a directory another run has locked.
+    """
     path = self.file(LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+      os.makedirs(self.path, exist_ok=True)
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except OSError as e:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
         if e.errno not in (errno.EAGAIN, errno.EACCES):
           raise
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
         raise OutputDirError(
             f"{self.path} is in use by another run (process {holder or '?'})"
             "; wait for it to finish or choose another --output_dir"
         ) from None
+      # The holder we waited for may have removed the file (and its
+      # directory) before releasing it: a lock on a removed file is no lock.
+      try:
+        same = os.path.samestat(os.fstat(fd), os.stat(path))
+      except FileNotFoundError:
+        same = False
+      if same:
+        break
+      os.close(fd)
+    try:
       os.ftruncate(fd, 0)
       os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
       yield
     finally:
-      os.close(fd)  # releases the lock
+      try:
+        if remove_if_unused and os.listdir(self.path) == [LOCK]:
+          os.remove(path)
+          os.rmdir(self.path)
+      except OSError:
+        pass
+      finally:
+        os.close(fd)  # releases the lock
 
   def own_files(self) -> list[str]:
     """The names the manifest says a run of this tool wrote here."""
@@ -174,27 +200,34 @@ class OutputDir:
           f"{path} is not readable JSON ({e}); it was cut short (a full "
           "disk?): pass --overwrite to start the run again") from None
 
-  def read_records(self, name: str, log: Callable[[str], None]
-                  ) -> list[dict[str, Any]]:
+  def read_records(self, name: str, log: Callable[[str], None], *,
+                   tolerant: bool = False) -> list[dict[str, Any]]:
     """The lines of a ``.jsonl`` file; a torn LAST line (a crash mid-write)
     is dropped with a message naming the file; a torn line elsewhere raises
-    ``OutputDirError``."""
+    ``OutputDirError`` (``tolerant``: is dropped with a message too, for a
+    file that is about to be rewritten from another copy)."""
     path = self.file(name)
     if not os.path.exists(path):
       return []
-    with open(path) as f:
+    with open(path, errors="replace") as f:
       lines = [line for line in f.read().split("\n") if line.strip()]
     records = []
     for i, line in enumerate(lines):
       try:
-        records.append(json.loads(line))
+        record = json.loads(line)
+        if not isinstance(record, dict):
+          raise ValueError("not a JSON object")
+        records.append(record)
       except ValueError:
-        if i != len(lines) - 1:
+        if i == len(lines) - 1:
+          log(f"{path}: dropped its last line, cut short by a crash "
+              f"({line[:40]!r}...)")
+        elif tolerant:
+          log(f"{path}: dropped line {i + 1}, which is not JSON")
+        else:
           raise OutputDirError(f"{path}: line {i + 1} is not JSON; the file "
                                "is damaged: pass --overwrite to start the "
                                "run again") from None
-        log(f"{path}: dropped its last line, cut short by a crash "
-            f"({line[:40]!r}...); it is recomputed")
     return records
 
   def write_records(self, name: str, records: list[dict[str, Any]]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from augfl_jax import algorithms, clients, data, models, pretrain
+from augfl_jax import algorithms, clients, data, models, pm
 from augfl_jax import fields
 from augfl_jax.training.config import AUTO, RunConfig, algorithm_config
 
@@ -51,6 +51,11 @@ NATURAL_SERVER_SIZE = {"synthetic": 500}
 # Datasets generated from the run's seed: their server split, hence their
 # PM, belong to that seed.
 SEEDED_DATASETS = ("synthetic",)
+# PM roles whose PM is a model of the client's architecture, pretrained on
+# the server split: FedLP starts from it; FedPCL's frozen encoder is it (the
+# paper: "a pretrained ResNet8x4 as the initial client model for FedLP and
+# FedPCL, while AugFL uses the same PM only on the server").
+CLIENT_SIZE_PM = ("initialization", "encoder")
 # The fast-adaptation step of the paper (alpha), for methods without one.
 PAPER_ALPHA = 0.03
 # Methods that train for fast adaptation with their own inner step alpha:
@@ -93,7 +98,7 @@ def resolve(config: RunConfig) -> RunConfig:
   config = fields.replace(config, **{
       name: value for name, value in filled.items()
       if fields.get(config, name) is None})
-  if algorithms.REGISTRY[config.algorithm].pm_role == "initialization":
+  if algorithms.REGISTRY[config.algorithm].pm_role in CLIENT_SIZE_PM:
     config = fields.replace(config, **{"pm.model": config.model})
   changes: dict[str, Any] = {}
   if config.strategy == AUTO:
@@ -119,8 +124,9 @@ def resolve(config: RunConfig) -> RunConfig:
 
 
 def default_pm_dir(config: RunConfig) -> str:
-  """``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>][-seed<s>]_srv<n>``:
-  PMs of one architecture with another norm or kwargs live side by side."""
+  """``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>][-seed<s>]_e<epochs>_srv
+  <n>``: PMs of one architecture with another norm, kwargs or number of
+  epochs live side by side."""
   name = config.pm.model + (
       "-" + re.sub(r"[^A-Za-z0-9]+", "-", config.pm.kwargs).strip("-")
       if config.pm.kwargs else "")
@@ -128,8 +134,9 @@ def default_pm_dir(config: RunConfig) -> str:
     name += f"-{config.norm}"
   if config.dataset in SEEDED_DATASETS:
     name += f"-seed{config.seed}"
-  return pretrain.default_pm_dir(PM_ROOT, config.dataset, name,
-                                 config.data.server_size)
+  return pm.default_pm_dir(PM_ROOT, config.dataset,
+                           f"{name}_e{config.pm.epochs}",
+                           config.data.server_size)
 
 
 def model_kwargs(name: str, norm: str, json_kwargs: str = "",

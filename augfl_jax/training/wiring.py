@@ -7,8 +7,10 @@ the one place that acts on it:
   inside ``grad R_h`` (:mod:`augfl_jax.transfer`);
 * ``initialization`` (FedLP): the client model starts from the PM, a model
   of the client's architecture pretrained on the server split;
-* ``encoder`` (FedPCL): every client runs the frozen PM as its encoder and
-  trains a projector (one hidden layer of 256) on its features;
+* ``encoder`` (FedPCL): every client runs the frozen PM, a model of the
+  client's architecture pretrained on the server split (the paper's
+  "pretrained ResNet8x4"), as its encoder and trains a projector (one
+  hidden layer of 256) on its features;
 * ``backbone`` (FedIT, FedOA): LoRA adapters on the frozen PM.
 """
 
@@ -19,7 +21,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import algorithms, clients, data, models, pretrain, transfer
+from augfl_jax import algorithms, clients, data, models, pm, pretrain, transfer
 from augfl_jax.training import presets
 from augfl_jax.training.config import RunConfig, algorithm_config
 
@@ -49,23 +51,48 @@ def pm_model(config: RunConfig, num_classes: int):
           config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
 
 
+def pm_recipe(config: RunConfig) -> pretrain.PretrainConfig:
+  """How the run's PM is (or was) pretrained."""
+  return pretrain.PretrainConfig(
+      model=config.pm.model, epochs=config.pm.epochs, lr=config.pm.lr,
+      batch_size=config.pm.batch_size,
+      holdout_fraction=config.pm.holdout_fraction)
+
+
 def load_pm(config: RunConfig, fed: data.FederatedData, log: Log):
-  """``(module, params, metadata)``: reused from ``config.pm.dir`` when it
-  matches the run, pretrained on the server split when there is none."""
+  """``(module, variables, metadata)``: reused from ``config.pm.dir`` when
+  it was trained for the run, pretrained on the server split when there is
+  none (``variables = {"params", "batch_stats"}``)."""
   module = pm_model(config, fed.num_classes)
-  params, meta = pretrain.get_or_pretrain_pm(
+  variables, meta = pm.get_or_pretrain_pm(
       config.pm.dir, model=module, model_name=config.pm.model,
       dataset_name=config.dataset, server=fed.server,
       server_size=config.data.server_size,
       split_seed=presets.server_split_seed(config),
-      config=pretrain.PretrainConfig(model=config.pm.model,
-                                     epochs=config.pm.epochs),
-      input_shape=fed.input_shape, log=log)
-  held = meta.get("heldout_accuracy")
+      config=pm_recipe(config), input_shape=fed.input_shape, log=log)
+  held = [meta.get(k) for k in ("heldout_accuracy",
+                                "heldout_accuracy_running")]
+  shown = ", ".join(f"{100 * h:.2f}%{suffix}" for h, suffix in zip(
+      held, ("", " with running statistics")) if h is not None) or "n/a"
   log(f"PM {config.pm.model} ({meta.get('num_params', 0):,} parameters, "
-      f"held-out accuracy {'n/a' if held is None else f'{100 * held:.2f}%'})"
-      f" from {config.pm.dir}")
-  return module, params, meta
+      f"held-out accuracy {shown}) from {config.pm.dir}")
+  return module, variables, meta
+
+
+def pm_apply(config: RunConfig, module, variables):
+  """``(apply(x, mask) -> (features, logits), per_example)``: the frozen PM
+  as the server's teacher or the clients' encoder. A batch-norm PM runs in
+  eval mode with its running statistics when ``config.pm.statistics`` is
+  ``"running"`` (the reference's teacher); then, as with GroupNorm or no
+  norm, its output for an example does not depend on the rest of its
+  batch."""
+  if (getattr(module, "norm", None) == "batch"
+      and config.pm.statistics == "running"):
+    module = module.clone(norm="running")
+  else:
+    variables = {"params": variables["params"]}
+  apply = lambda x, mask: module.apply(variables, x, mask=mask)
+  return apply, getattr(module, "norm", "none") != "batch"
 
 
 def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log
@@ -80,19 +107,19 @@ def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log
   input_shape = fed.input_shape
   regularizer = encoder_apply = None
   if role != "none":  # first: a mismatched PM fails before any compilation
-    module, pm_params, _ = load_pm(config, fed, log)
-    pm_apply = lambda x, mask: module.apply({"params": pm_params}, x,
-                                            mask=mask)
+    module, variables, _ = load_pm(config, fed, log)
+    pm_params = variables["params"]
+    teacher, per_example = pm_apply(config, module, variables)
   init_key = jax.random.split(jax.random.key(config.seed))[0]
   params = None
   if role == "regularizer":
     log(f"server regulariser {config.regularizer}, lam {config.augfl.lam}")
     regularizer = transfer.make_regularizer(
         config.regularizer, student_apply=models.make_features_fn(model),
-        teacher_apply=pm_apply, pm_params=pm_params, server=fed.server,
-        config=config.crd)
+        teacher_apply=teacher, pm_params=pm_params, server=fed.server,
+        config=config.crd, teacher_per_example=per_example)
   elif role == "encoder":
-    encoder_apply = lambda x, mask: pm_apply(x, mask)[0]
+    encoder_apply = lambda x, mask: teacher(x, mask)[0]
     features = jax.eval_shape(
         encoder_apply, jax.ShapeDtypeStruct((2,) + input_shape, jnp.float32),
         jax.ShapeDtypeStruct((2,), jnp.float32))

@@ -57,7 +57,8 @@ def make_regularizer(name: str, *, student_apply: StudentApply | None = None,
                      teacher_apply: TeacherApply | None = None,
                      pm_params: Params | None = None,
                      server: Batch | None = None,
-                     config: CRDConfig | None = None
+                     config: CRDConfig | None = None,
+                     teacher_per_example: bool = False
                     ) -> tuple[InitFn, GradFn]:
   """The ``(init_fn, grad_fn)`` pair of regulariser ``name``.
 
@@ -68,6 +69,9 @@ def make_regularizer(name: str, *, student_apply: StudentApply | None = None,
     pm_params: theta_p ("l2").
     server: the server split Batch ("crd").
     config: :class:`CRDConfig` ("crd"; default the reference's).
+    teacher_per_example: the PM's output for an example does not depend on
+      the rest of its batch ("crd": then it runs over the server split once;
+      :func:`~augfl_jax.transfer.crd.make_crd_regularizer`).
 
   Raises:
     ValueError: unknown name or a missing argument.
@@ -86,4 +90,5 @@ def make_regularizer(name: str, *, student_apply: StudentApply | None = None,
                                     ("server", server)) if value is None]
   if missing:
     raise ValueError(f"the crd regulariser needs {', '.join(missing)}")
-  return make_crd_regularizer(student_apply, teacher_apply, server, config)
+  return make_crd_regularizer(student_apply, teacher_apply, server, config,
+                              teacher_per_example=teacher_per_example)
