@@ -57,7 +57,7 @@ def _hand_loss(backbone, adapter, batch, s):
 
 def _hand_objective(backbone, personal, h_anchor, batch, s, lam):
   """CE + lam * mean_j ||h_p[j] - h_anchor[j]||^2 with h_anchor a constant
-  (the default, squared distance)."""
+  (the squared distance)."""
   h, logits = _forward(_merged(backbone, personal, s), batch["x"],
                        batch["mask"])
   d = jnp.sum((h - h_anchor) ** 2, -1)
@@ -179,7 +179,8 @@ def test_feature_distance_against_numpy(distance, reduction):
 
 
 def test_fedoa_gradient_reaches_only_the_personal_adapter():
-  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lam=0.5)
+  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0,
+                             distance="squared_l2", lam=0.5)
   s = config.lora.scaling
   backbone = _backbone()
   base = fedoa.init_state(backbone, 1, jax.random.key(4), config)
@@ -214,7 +215,8 @@ def test_fedoa_gradient_reaches_only_the_personal_adapter():
 @pytest.mark.parametrize("anchor", ["received", "updated"])
 def test_fedoa_full_batch_round_by_hand(anchor):
   clients = tiny.client_data(seed=4, num_clients=3)
-  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lr=0.5, personal_lr=0.3,
+  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0,
+                             distance="squared_l2", lr=0.5, personal_lr=0.3,
                              local_epochs=2, batch_size=64, lam=0.5,
                              anchor=anchor)
   s = config.lora.scaling
@@ -253,7 +255,8 @@ def test_fedoa_global_adapter_follows_fedit_and_strategies_agree():
   """Two minibatch rounds: FedOA's global adapter is FedIT's (same seed),
   and the "map" strategy reproduces "vmap" (float32 rounding: 1e-5)."""
   clients = tiny.client_data(seed=5, num_clients=4)
-  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lr=0.2, local_epochs=2,
+  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0,
+                             distance="squared_l2", lr=0.2, local_epochs=2,
                              batch_size=4)
   backbone = _backbone()
   runs = {}
@@ -285,7 +288,8 @@ def test_fedoa_global_adapter_follows_fedit_and_strategies_agree():
 
 def test_fedoa_held_out_and_personal_evaluation():
   clients = tiny.client_data(seed=6, num_clients=3)
-  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lr=0.3, local_epochs=1,
+  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0,
+                             distance="squared_l2", lr=0.3, local_epochs=1,
                              batch_size=64)
   backbone = _backbone()
   state = fedoa.init_state(backbone, 3, jax.random.key(10), config)
