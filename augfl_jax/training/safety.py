@@ -105,10 +105,12 @@ def _hoisted_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     if key not in compiled:
       closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
       out_tree = jax.tree.structure(out_shape)
-      run = jax.jit(lambda state_leaves, other, consts: jax.tree.unflatten(
-          out_tree, jax.core.eval_jaxpr(closed.jaxpr, consts,
-                                        *state_leaves, *other)),
-                    donate_argnums=0)
+
+      def guarded_round(state_leaves, other, consts):  # named in jax's logs
+        return jax.tree.unflatten(out_tree, jax.core.eval_jaxpr(
+            closed.jaxpr, consts, *state_leaves, *other))
+
+      run = jax.jit(guarded_round, donate_argnums=0)
       compiled[key] = (run, list(closed.consts),
                        len(jax.tree.leaves(args[0])))
     run, consts, num_state = compiled[key]
