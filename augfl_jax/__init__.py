@@ -20,8 +20,9 @@ The public API, by module:
   padded client arrays.
 * ``training``: the experiment loop, ``training.run(config, output_dir)``,
   and its ``RunConfig``; ``fields``: dotted access to nested configs.
-* ``local``, ``tree``, ``types``, ``progress``: local training (one
-  minibatch loop on optax), pytree helpers, type aliases, time left.
+* ``local``, ``tree``, ``checks``, ``types``, ``progress``: local training (one
+  minibatch loop on optax), pytree helpers, the client step's input
+  checks, type aliases, time left.
 """
 
 from augfl_jax import algorithms

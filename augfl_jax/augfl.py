@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from augfl_jax import checks
 from augfl_jax import clients as clients_lib
 from augfl_jax import hvp as hvp_lib
 from augfl_jax import tree
@@ -148,7 +149,7 @@ def client_update(loss_fn: LossFn, theta: Params, dual: Params, support: Batch,
       leaves whose dtypes differ from ``theta``'s (dtypes are checked
       always, under jit too).
   """
-  _check_client_args(theta, dual, alpha=alpha, rho=rho)
+  checks.check_client_args(theta, dual, alpha=alpha, rho=rho)
   support_grad_fn = lambda p: jax.grad(loss_fn)(p, support)
   support_loss, g_s = jax.value_and_grad(loss_fn)(theta, support)
   phi = optax.tree.add_scale(theta, -alpha, g_s)
@@ -161,45 +162,6 @@ def client_update(loss_fn: LossFn, theta: Params, dual: Params, support: Batch,
                                   optax.tree.sub(theta_i, theta))
   return theta_i, new_dual, {"query_loss": query_loss,
                              "support_loss": support_loss}
-
-
-def _concrete(value) -> float | None:
-  """``value`` as a float when it is known now (not traced), else None."""
-  if isinstance(value, jax.core.Tracer):
-    return None
-  try:
-    return float(value)
-  except (TypeError, ValueError):
-    return None
-
-
-def _check_client_args(theta: Params, dual: Params, *, alpha, rho) -> None:
-  """The checks of :func:`client_update` (its docstring)."""
-  rho_, alpha_ = _concrete(rho), _concrete(alpha)
-  if rho_ is not None and not rho_ > 0:
-    raise ValueError(f"rho must be > 0 (theta_i = theta - step / rho), got "
-                     f"{rho_}")
-  if alpha_ is not None and not math.isfinite(alpha_):
-    raise ValueError(f"alpha must be a finite number, got {alpha_}")
-  for path, leaf in jax.tree_util.tree_flatten_with_path(theta)[0]:
-    dtype = jnp.result_type(leaf)
-    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
-      # Eq. (10)'s difference of gradients at theta +- delta r, delta ~ 1e-2,
-      # cancels every digit a 16-bit float has (float16: 3, bfloat16: 2).
-      raise ValueError(
-          f"theta{jax.tree_util.keystr(path)} is {dtype}: AugFL's client "
-          "step needs float32 (or float64) parameters (the finite-"
-          "difference Hessian-vector product of Eq. (10) loses every digit "
-          "of a 16-bit float); keep a float32 copy of theta, e.g. "
-          "jax.tree.map(lambda x: x.astype(jnp.float32), theta)")
-  theta_dtypes = jax.tree.map(jnp.result_type, theta)
-  dual_dtypes = jax.tree.map(jnp.result_type, dual)
-  if jax.tree.structure(theta_dtypes) != jax.tree.structure(dual_dtypes) or (
-      jax.tree.leaves(theta_dtypes) != jax.tree.leaves(dual_dtypes)):
-    raise ValueError("dual must have theta's tree and dtypes (y_i lives "
-                     "where theta does, Eq. (12)); got "
-                     f"{jax.tree.leaves(dual_dtypes)[:3]} for theta's "
-                     f"{jax.tree.leaves(theta_dtypes)[:3]}")
 
 
 def server_update(client_params: Params, duals: Params, rhos: jax.Array, *,

@@ -28,6 +28,7 @@ import jax
 
 from augfl_jax import checkpoint, models
 from augfl_jax.pretrain import PretrainConfig, pretrain
+from augfl_jax.pretrain_recipe import recipe
 from augfl_jax.types import Batch, Params
 
 __all__ = [
@@ -45,8 +46,6 @@ FORMAT = 2
 # Module fields that choose an implementation, not the parameters or the
 # function (up to float rounding): left out of the architecture.
 IMPLEMENTATION_FIELDS = ("conv_impl",)
-# PretrainConfig fields that do not change the weights.
-_NOT_RECIPE = ("model", "eval_batch_size", "log_every")
 
 Log = Callable[[str], None]
 
@@ -54,12 +53,6 @@ Log = Callable[[str], None]
 class PMCheckpointMismatch(ValueError):
   """A PM checkpoint was trained for another dataset, architecture, split or
   recipe."""
-
-
-def recipe(config: PretrainConfig) -> dict[str, Any]:
-  """The fields of ``config`` that shape the weights."""
-  return {k: v for k, v in dataclasses.asdict(config).items()
-          if k not in _NOT_RECIPE}
 
 
 def _jsonable(value: Any) -> Any:
@@ -214,20 +207,16 @@ def default_pm_dir(root: str | os.PathLike, dataset: str, model_name: str,
 def _check_args(model_name: str, server: Batch, server_size: int,
                 config: PretrainConfig,
                 input_shape: tuple[int, ...] | None = None) -> None:
-  n = int(server["y"].shape[0])
-  shape = tuple(server["x"].shape[1:])
-  checks = [
-      (config.model == model_name, f"config.model={config.model!r} but "
-       f"model_name={model_name!r}; they must name the same PM."),
-      (n == server_size,
-       f"server_size={server_size} but the server split has {n} examples."),
-      (input_shape is None or tuple(input_shape) == shape,
-       f"input_shape={input_shape} but the server examples have shape "
-       f"{shape}."),
-  ]
-  for ok, message in checks:
-    if not ok:
-      raise ValueError(message)
+  n, shape = int(server["y"].shape[0]), tuple(server["x"].shape[1:])
+  if config.model != model_name:
+    raise ValueError(f"config.model={config.model!r} but model_name="
+                     f"{model_name!r}; they must name the same PM.")
+  if n != server_size:
+    raise ValueError(f"server_size={server_size} but the server split has "
+                     f"{n} examples.")
+  if input_shape is not None and tuple(input_shape) != shape:
+    raise ValueError(f"input_shape={input_shape} but the server examples "
+                     f"have shape {shape}.")
 
 
 def pretrain_and_save(

@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from augfl_jax import algorithms, clients, fields, models, pretrain, training
-from augfl_jax.training import checkpoints, loop, wiring
+from augfl_jax.training import checkpoints, loop, rounds, wiring
 from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +56,7 @@ class Crash(Exception):
 
 def _crash_at(round_, monkeypatch):
   """A log that raises in ``round_`` (every round logs a line)."""
-  monkeypatch.setattr(loop, "LOG_SECONDS", 0.0)
+  monkeypatch.setattr(rounds, "LOG_SECONDS", 0.0)
   def log(line):
     if line.startswith(f"round {round_:4d}/"):
       raise Crash(line)

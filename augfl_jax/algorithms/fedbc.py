@@ -53,10 +53,14 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, models, tree
+from augfl_jax import evaluation, models, tree
 from augfl_jax.algorithms import averaging, base, fedbc_local
 from augfl_jax.fields import field
 from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
+
+# One client's update (local training, then the dual step): fedbc_local.
+client_update = fedbc_local.client_update
+dual_update = fedbc_local.dual_update
 
 PM_ROLE = "none"
 START_FROM = ("z", "x")
@@ -137,42 +141,6 @@ def init_state(params: Params, num_clients: int, key: PRNGKey) -> FedBCState:
       lambdas=jnp.zeros((num_clients,), jnp.float32),
       gammas=jnp.zeros((num_clients,), jnp.float32),
       key=key, round=jnp.zeros((), jnp.int32))
-
-
-def dual_update(sq_dist: jax.Array, lam: jax.Array, gamma: jax.Array,
-                config: FedBCConfig) -> tuple[jax.Array, jax.Array]:
-  """Eq. (11) and the tolerance step, both from the OLD (lam, gamma).
-
-  ``lam' = clip(lam + lr_lambda (sq_dist - gamma), 0, lambda_max)``,
-  ``gamma' = gamma + lr_gamma lam``; ``sq_dist = ||x_i^{t+1} - z^t||^2``.
-  """
-  new_lam = jnp.clip(lam + config.lr_lambda * (sq_dist - gamma), 0.0,
-                     config.lambda_max)
-  return new_lam, gamma + config.lr_gamma * lam
-
-
-def client_update(loss_fn: LossFn, config: FedBCConfig, z: Params,
-                  x: Params, lam: jax.Array, gamma: jax.Array,
-                  client: ClientData, key: PRNGKey):
-  """One client's primal and dual updates (Algorithm 1 lines 7-8).
-
-  Args:
-    z: the global model z^t. x: the client's last local model x_i^t (used
-      only with ``start_from="x"``). lam, gamma: scalars lambda_i^t, gamma_i^t.
-    client: ONE client's data; it trains on support ∪ query.
-
-  Returns:
-    ``(x_i^{t+1}, lambda_i^{t+1}, gamma_i^{t+1}, loss, ||x_i^{t+1} - z^t||^2)``.
-  """
-  data = local.concat_batches(client.support, client.query)
-  start = x if config.start_from == "x" else z
-  train = (fedbc_local.per_fedbc_local if config.personalized else
-           fedbc_local.lagrangian_sgd)
-  new_x, loss = train(loss_fn, start, data, key, z=z, lam=lam, gamma=gamma,
-                      config=config)
-  sq_dist = fedbc_local.squared_distance(new_x, z)
-  new_lam, new_gamma = dual_update(sq_dist, lam, gamma, config)
-  return new_x, new_lam, new_gamma, loss, sq_dist
 
 
 def server_update(client_params: Params, lambdas: jax.Array,

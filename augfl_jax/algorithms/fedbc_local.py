@@ -1,6 +1,7 @@
 """FedBC's and Per-FedBC's local training on the Lagrangian (8),
-``L_i(z, w, lambda_i) = f_i(w) + lambda_i (||w - z||^2 - gamma_i)``; the
-round, the dual step and the server are in ``fedbc``.
+``L_i(z, w, lambda_i) = f_i(w) + lambda_i (||w - z||^2 - gamma_i)``, and
+one client's update (``client_update``: local training, then the dual step
+``dual_update``); the round and the server are in ``fedbc``.
 
 Local training (public code ``LocalUpdate.train``): ``local_epochs`` epochs of
 minibatch SGD (``batch_size``, optional heavy-ball ``momentum`` as
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax import local
-from augfl_jax.types import Batch, LossFn, Params, PRNGKey
+from augfl_jax.types import Batch, ClientData, LossFn, Params, PRNGKey
 
 if TYPE_CHECKING:
   from augfl_jax.algorithms.fedbc import FedBCConfig
@@ -123,3 +124,39 @@ def per_fedbc_local(loss_fn: LossFn, w: Params, data: Batch, key: PRNGKey, *,
   w, losses = jax.lax.scan(step, w,
                            (jnp.arange(num), jax.random.split(key, num)))
   return w, jnp.sum(losses) / jnp.maximum(active, 1.0)
+
+
+def dual_update(sq_dist: jax.Array, lam: jax.Array, gamma: jax.Array,
+                config: FedBCConfig) -> tuple[jax.Array, jax.Array]:
+  """Eq. (11) and the tolerance step, both from the OLD (lam, gamma).
+
+  ``lam' = clip(lam + lr_lambda (sq_dist - gamma), 0, lambda_max)``,
+  ``gamma' = gamma + lr_gamma lam``; ``sq_dist = ||x_i^{t+1} - z^t||^2``.
+  """
+  new_lam = jnp.clip(lam + config.lr_lambda * (sq_dist - gamma), 0.0,
+                     config.lambda_max)
+  return new_lam, gamma + config.lr_gamma * lam
+
+
+def client_update(loss_fn: LossFn, config: FedBCConfig, z: Params,
+                  x: Params, lam: jax.Array, gamma: jax.Array,
+                  client: ClientData, key: PRNGKey):
+  """One client's primal and dual updates (Algorithm 1 lines 7-8).
+
+  Args:
+    z: the global model z^t. x: the client's last local model x_i^t (used
+      only with ``start_from="x"``). lam, gamma: scalars lambda_i^t, gamma_i^t.
+    client: ONE client's data; it trains on support ∪ query.
+
+  Returns:
+    ``(x_i^{t+1}, lambda_i^{t+1}, gamma_i^{t+1}, loss, ||x_i^{t+1} - z^t||^2)``.
+  """
+  data = local.concat_batches(client.support, client.query)
+  start = x if config.start_from == "x" else z
+  train = (per_fedbc_local if config.personalized else
+           lagrangian_sgd)
+  new_x, loss = train(loss_fn, start, data, key, z=z, lam=lam, gamma=gamma,
+                      config=config)
+  sq_dist = squared_distance(new_x, z)
+  new_lam, new_gamma = dual_update(sq_dist, lam, gamma, config)
+  return new_x, new_lam, new_gamma, loss, sq_dist

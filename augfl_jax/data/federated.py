@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax.data.partition import Partition
+from augfl_jax.data.splits import Partition
 from augfl_jax.data.sources import Dataset
 from augfl_jax.types import Batch, ClientData
 

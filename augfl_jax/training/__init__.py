@@ -10,13 +10,15 @@ calls; a Python user calls it the same way::
 * :mod:`.config`: ``RunConfig`` and its sections; :mod:`.presets`: the
   dataset presets, ``resolve`` and ``validate``;
 * :mod:`.wiring`: data, models, the PM by its role, the algorithm;
-* :mod:`.loop`: ``run``; :mod:`.safety`: the non-finite guard and signals;
+* :mod:`.loop`: ``run``; :mod:`.resume`: the plan (fresh or resumed) and its
+  checks; :mod:`.rounds`: the rounds, evaluations and checkpoints;
+  :mod:`.safety`: the non-finite guard, signals and their exceptions;
 * :mod:`.outputs`, :mod:`.checkpoints`, :mod:`.events`: the run's files;
 * :class:`Progress` (``augfl_jax.progress``): time per step and time left.
 """
 
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
-                                presets, safety, wiring)
+                                presets, resume, rounds, safety, wiring)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
                                        RESUMABLE_FIELDS, STEP_SIZE_FIELDS,
                                        RunConfig)

@@ -1,4 +1,6 @@
-"""A round that never hands back a non-finite state, and stop signals.
+"""A round that never hands back a non-finite state, and stop signals
+(with the exceptions a run stops with: :class:`NonFiniteError`,
+:class:`RunInterrupted`).
 
 :func:`guard_round` wraps a round ``(state, clients, participants) ->
 (state, metrics)``: when the new state or a metric holds a NaN or inf it
@@ -20,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["guard_round", "describe", "StopSignals"]
+__all__ = ["guard_round", "describe", "StopSignals", "NonFiniteError",
+           "RunInterrupted"]
 
 
 def _is_float(leaf: Any) -> bool:
@@ -102,10 +105,12 @@ def _hoisted_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     if key not in compiled:
       closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
       out_tree = jax.tree.structure(out_shape)
-      run = jax.jit(lambda state_leaves, other, consts: jax.tree.unflatten(
-          out_tree, jax.core.eval_jaxpr(closed.jaxpr, consts,
-                                        *state_leaves, *other)),
-                    donate_argnums=0)
+
+      def guarded_round(state_leaves, other, consts):  # named in jax's logs
+        return jax.tree.unflatten(out_tree, jax.core.eval_jaxpr(
+            closed.jaxpr, consts, *state_leaves, *other))
+
+      run = jax.jit(guarded_round, donate_argnums=0)
       compiled[key] = (run, list(closed.consts),
                        len(jax.tree.leaves(args[0])))
     run, consts, num_state = compiled[key]
@@ -149,6 +154,24 @@ def describe(flags: Any, participants: np.ndarray | None,
     parts.append(f"parameters/state {shown}" + (
         f" (rows of training clients {sorted(rows)})" if rows else ""))
   return "; ".join(parts)
+
+
+class RunInterrupted(Exception):
+  """SIGINT or SIGTERM stopped the run; its state, if any, was saved.
+
+  Attributes: ``signum``, ``round`` (the last completed round) and
+  ``checkpoint`` (the saved checkpoint's path, ``None`` before round 1).
+  """
+
+  def __init__(self, message: str, signum: int, round_: int,
+               checkpoint_path: str | None):
+    super().__init__(message)
+    self.signum, self.round, self.checkpoint = signum, round_, checkpoint_path
+
+
+class NonFiniteError(FloatingPointError):
+  """A round or an evaluation produced a NaN or inf (the last good state
+  was saved first)."""
 
 
 class StopSignals:

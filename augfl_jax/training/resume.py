@@ -1,0 +1,210 @@
+"""Starting or resuming a run in its output directory: the checks of
+``run``'s arguments, the plan (a fresh run or the checkpoint to resume
+from), the checkpoint's configuration against the resumed one, the step
+sizes a resume changes (``changes.jsonl``), the restored state, and the
+one-line error for a file of the run that could not be written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, NamedTuple, Sequence
+
+from augfl_jax import data, fields
+from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
+from augfl_jax.training.config import (RESUMABLE_FIELDS, STEP_SIZE_FIELDS,
+                                       RunConfig)
+from augfl_jax.training.outputs import OutputDir, OutputDirError
+
+
+def check_resume_config(saved: RunConfig, config: RunConfig,
+                         resume_changes: Sequence[str], where: str) -> None:
+  """Refuses a resumed configuration that differs from the checkpoint's
+  ``saved`` outside ``RESUMABLE_FIELDS`` and ``resume_changes``."""
+  diff = fields.diff(saved, config, RESUMABLE_FIELDS + tuple(resume_changes))
+  if not diff:
+    return
+  names = [d.partition(":")[0] for d in diff]
+  if all(n in STEP_SIZE_FIELDS for n in names):
+    way_out = ("to continue with these step sizes, add --resume_changes="
+               + ",".join(list(resume_changes) + names))
+  else:
+    way_out = (f"only {', '.join(RESUMABLE_FIELDS)} may change on resume, "
+               "and the step sizes named in --resume_changes")
+  raise ValueError(f"--resume: the checkpoint {where} is of another "
+                   f"configuration ({'; '.join(diff)}); {way_out}")
+
+
+def changed(saved: RunConfig, config: RunConfig,
+             resume_changes: Sequence[str]) -> dict[str, list[Any]]:
+  """``{name: [before, after]}`` of the fields in ``resume_changes`` that
+  differ between the checkpoint's ``saved`` and ``config``."""
+  return {n: [fields.get(saved, n), fields.get(config, n)]
+          for n in resume_changes
+          if fields.get(saved, n) != fields.get(config, n)}
+
+
+def saved_config(out: OutputDir, checkpoints: RunCheckpoints,
+                  log) -> RunConfig | None:
+  """The configuration of the run ``out`` holds: its ``config.json``, or,
+  when that is missing, empty or torn (a crash or a full disk while it was
+  written), the one saved with its newest readable checkpoint; ``None``
+  when neither reads."""
+  path = out.file("config.json")
+  if os.path.exists(path):
+    try:
+      return fields.from_dict(RunConfig, out.read_json("config.json"))
+    except OutputDirError:
+      log(f"{path} is empty or cut short (a crash or a full disk while it "
+          "was written); " + ("using the configuration saved with the "
+                              "newest checkpoint" if checkpoints.steps()
+                              else "it is written again"))
+  if checkpoints.steps():
+    try:
+      return fields.from_dict(RunConfig,
+                              checkpoints.latest_meta(log)[1]["config"])
+    except CheckpointError:
+      return None
+  return None
+
+
+def plan(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
+          resume: bool, overwrite: bool, resume_changes: Sequence[str],
+          log) -> int | None:
+  """The checkpoint step to resume from (``None``: a fresh run), after
+  checking the directory against the run. Raises ``ValueError``."""
+  foreign = out.foreign()
+  if foreign:
+    raise OutputDirError(
+        f"{out.path} holds {', '.join(foreign)}, which augfl_jax did not "
+        "write: it never removes or reuses such files; choose another "
+        "--output_dir")
+  steps = checkpoints.steps()
+  if resume:
+    if not steps:
+      raise ValueError(f"--resume: no checkpoint in {checkpoints.directory};"
+                       " run without --resume to start the run (again)")
+    step, meta = checkpoints.latest_meta(log)
+    check_resume_config(fields.from_dict(RunConfig, meta["config"]), config,
+                         resume_changes, f"{checkpoints.path(step)}")
+    if step > config.rounds:
+      raise ValueError(f"--resume: the checkpoint is at round {step}, "
+                       f"beyond --rounds={config.rounds}")
+    return step
+  if overwrite or not out.own_files():
+    return None
+  saved = saved_config(out, checkpoints, log)
+  if saved is not None:
+    diff = fields.diff(saved, config)
+    if diff:
+      raise OutputDirError(
+          f"{out.path} holds a different run ({'; '.join(diff)}); pass "
+          "--overwrite to replace it or choose another --output_dir")
+  if steps:
+    raise OutputDirError(
+        f"{out.path} already holds this run; pass --resume to continue it "
+        "from its latest checkpoint or --overwrite to start again")
+  log(f"{out.path} holds this run without a checkpoint: starting it again")
+  return None
+
+
+def check_run_control(config: RunConfig, checkpoint_every: int,
+                       resume: bool, overwrite: bool,
+                       resume_changes: Sequence[str]) -> None:
+  """The checks of ``run``'s own arguments (and of ``clients_per_round``
+  against the partition's size), before anything is read or written."""
+  if checkpoint_every < 0:
+    raise ValueError(f"--checkpoint_every must be >= 0 (0: only at the "
+                     f"end), got {checkpoint_every}")
+  if resume and overwrite:
+    raise ValueError("--resume and --overwrite exclude each other: resume "
+                     "continues the run in --output_dir, overwrite replaces "
+                     "it")
+  if resume_changes and not resume:
+    raise ValueError("--resume_changes names step sizes a resumed run "
+                     "changes: it needs --resume")
+  for name in resume_changes:
+    if name not in STEP_SIZE_FIELDS:
+      raise ValueError(
+          f"--resume_changes: {name} is not a step size; these may change "
+          f"on resume: {', '.join(STEP_SIZE_FIELDS)}")
+  if config.dataset != "synthetic":  # synthetic: its natural clients
+    train = data.num_train_clients(config.data.num_clients)
+    if config.clients_per_round > train:
+      raise ValueError(
+          f"--clients_per_round={config.clients_per_round} is more than the "
+          f"{train} training clients (80% of --data.num_clients="
+          f"{config.data.num_clients})")
+
+
+def write_error(e: BaseException, out: OutputDir,
+                 checkpoints: RunCheckpoints, done: int) -> OutputDirError:
+  """One line for a file of the run that could not be written (a full
+  disk, a file system gone read-only): what failed, after which round,
+  and the newest checkpoint to resume from."""
+  if isinstance(e, OSError) and e.strerror:
+    reason = e.strerror + (f": {e.filename}" if e.filename else "")
+  else:
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+  try:
+    checkpoints.wait()  # the saves before the failed one are on disk
+  except CheckpointError:
+    pass
+  try:
+    checkpoints.reload()
+    steps = checkpoints.steps()
+  except Exception:  # pylint: disable=broad-except
+    steps = []
+  way_out = (f"the newest checkpoint is round {steps[-1]} "
+             f"({checkpoints.path(steps[-1])}): make room (or fix the "
+             "directory) and continue with --resume" if steps else
+             "no checkpoint was saved: make room (or fix the directory) and "
+             "run again")
+  return OutputDirError(f"writing the run's files in {out.path} failed "
+                        f"after round {done} ({reason}); {way_out}")
+
+
+class Resumed(NamedTuple):
+  """What a resumed run continues with (:func:`restore`)."""
+  round: int  # the checkpoint's round
+  state: Any
+  history: list[dict[str, Any]]  # the metrics records up to ``round``
+  train_losses: list[float]  # the training losses since the last evaluation
+  seconds: float  # the run's time until the checkpoint
+  changes: dict[str, list[Any]]  # the step sizes changed (``changed``)
+
+
+def restore(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
+            state: Any, resume_changes: Sequence[str], done: list[int],
+            log) -> Resumed:
+  """The newest readable checkpoint, into ``state``'s structure, checked
+  against ``config`` (``done[0]``: its round, once restored)."""
+  start_round, state, meta = checkpoints.restore(state, log)
+  done[0] = start_round
+  saved = fields.from_dict(RunConfig, meta["config"])
+  check_resume_config(saved, config, resume_changes,
+                      checkpoints.path(start_round))
+  on_disk = out.read_records("metrics.jsonl", log, tolerant=True)
+  # The checkpoint holds the records up to its round (older ones: only
+  # metrics.jsonl does).
+  history = meta["records"] if "records" in meta else [
+      r for r in on_disk if r.get("round", start_round + 1) <= start_round]
+  return Resumed(start_round, state, history,
+                 list(meta["pending_train_losses"]), meta["seconds"],
+                 changed(saved, config, resume_changes))
+
+
+def record_changes(out: OutputDir, start_round: int,
+                   changes: dict[str, list[Any]], log) -> None:
+  """Logs the step sizes a resume changed and appends them to
+  ``changes.jsonl`` (nothing when ``changes`` is empty)."""
+  if not changes:
+    return
+  text = ", ".join(f"{n} {a} -> {b}" for n, (a, b) in changes.items())
+  log(f"changed on resume from round {start_round} (--resume_changes): "
+      f"{text}; recorded in {out.file('changes.jsonl')}")
+  out.write_records("changes.jsonl", out.read_records(
+      "changes.jsonl", log, tolerant=True) + [{
+          "round": start_round, "changes": changes,
+          "time": datetime.datetime.now().isoformat(timespec="seconds")}])

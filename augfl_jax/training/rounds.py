@@ -1,0 +1,211 @@
+"""The rounds of one run (:func:`run_rounds`, called by ``loop.run`` once
+the directory is planned and the algorithm built): the participants of each
+round, the guarded round, the evaluations, checkpoints, the stops on a
+signal or a non-finite value, and the summary at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from augfl_jax import fields
+from augfl_jax.progress import Progress
+from augfl_jax.training import presets
+from augfl_jax.training import resume as resuming
+from augfl_jax.training.config import step_size_fields
+from augfl_jax.training.events import EventWriter
+from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
+                                       describe, guard_round)
+
+# Rounds are logged at evaluations, and otherwise at least this often.
+LOG_SECONDS = 10.0
+
+
+def sample_participants(seed: int, round_: int, num_clients: int,
+                        clients_per_round: int) -> np.ndarray | None:
+  """The clients taking part in ``round_``: ``clients_per_round`` of them,
+  uniformly without replacement, reproducible from (seed, round); ``None``
+  (everyone) when all take part (``clients_per_round`` 0 or ``C``)."""
+  if clients_per_round in (0, num_clients):
+    return None
+  rng = np.random.default_rng([seed, round_])
+  return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+  return {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
+
+
+def committed(state: Any) -> Any:
+  """On one device, ``state`` committed to it: a round's outputs are, and
+  jit compiles again for committed inputs after uncommitted ones."""
+  if jax.device_count() != 1:
+    return state
+  return jax.device_put(state, jax.devices()[0])
+
+
+def run_rounds(config, out, checkpoints, log, checkpoint_every,
+               resume_changes, stop, fed, description, algo, state,
+               resumed_from, done) -> dict[str, Any]:
+  """The rounds after ``resumed_from`` (``None``: all of them; ``done[0]``:
+  the last completed); the files' writes raise ``OSError`` /
+  ``CheckpointError``."""
+  num_clients = fed.train.num_clients
+  history, train_losses, offset, changes = [], [], 0.0, {}
+  start_round = 0
+  if resumed_from is not None:
+    resumed = resuming.restore(config, out, checkpoints, state,
+                               resume_changes, done, log)
+    start_round, history = resumed.round, resumed.history
+    state = committed(resumed.state)
+    train_losses, offset = resumed.train_losses, resumed.seconds
+    changes = resumed.changes
+    log(f"resuming from round {start_round} ({checkpoints.path(start_round)})")
+    out.claim()  # a run of an older version claims changes.jsonl too
+  else:
+    out.clear_own()
+    checkpoints.reload()  # --overwrite removed the old steps
+    out.claim()
+  resuming.record_changes(out, start_round, changes, log)
+  # What runs now (a resumed run may differ in RESUMABLE_FIELDS: rounds,
+  # strategy, the data's directory, ... and in the changes above).
+  out.write_json("config.json", fields.to_dict(config))
+  out.write_text("partition.txt", description + "\n")
+  out.write_records("metrics.jsonl", history)  # none past the checkpoint
+
+  fused = not (presets.pm_role(config) == "regularizer" and
+               config.crd.loop == "python")
+  step = guard_round(algo.round, num_clients, fused=fused)
+  start = time.perf_counter()
+  progress = Progress(config.rounds, done=start_round)
+  saved_round = None if resumed_from is None else start_round
+  first_round_seconds, last_line = None, 0.0
+
+  def save(round_: int, state_: Any) -> str:
+    events.flush()
+    path = checkpoints.save(round_, state_, {
+        "round": round_, "config": fields.to_dict(config),
+        "pending_train_losses": train_losses, "records": history,
+        "seconds": offset + time.perf_counter() - start})
+    return path
+
+  def stop_nonfinite(good: int, what: str, names: tuple[str, ...]) -> None:
+    path = (save(good, state) if saved_round != good else
+            checkpoints.path(good))
+    checkpoints.wait()
+    advice = (" ".join(f"--{n}=<smaller>" for n in names) +
+              f" --resume_changes={','.join(names)}" if names else
+              "and the step sizes it uses, smaller, named in "
+              "--resume_changes")
+    raise NonFiniteError(
+        f"{what}. Stopped; the last good state (round {good}) is in {path}."
+        f" Continue it with --resume {advice}; or check those clients' "
+        "data")
+
+  def evaluate(r: int, metrics_file) -> str:
+    """Scores the held-out clients after round ``r``: a record in
+    ``history``, ``metrics.jsonl`` and the events; the log line's end."""
+    nonlocal train_losses
+    ev_all = jax.device_get(algo.evaluate(state, fed.test))
+    ev = _scalars(ev_all)
+    if not all(np.isfinite(v) for v in ev.values()):
+      stop_nonfinite(r, f"round {r}: non-finite evaluation of the "
+                     "held-out clients (" + ", ".join(
+                         f"{k} = {v}" for k, v in ev.items()
+                         if not np.isfinite(v)) + ")", ("eval.alpha",))
+    record = {"round": r, "train_loss": float(np.mean(train_losses)),
+              "accuracy": ev["accuracy"],
+              "accuracy_std": ev["accuracy_std"],
+              "test_loss": ev["loss"],
+              "client_accuracy": [
+                  float(a) for a in ev_all["client_accuracy"]],
+              "seconds": offset + time.perf_counter() - start}
+    train_losses = []
+    history.append(record)
+    metrics_file.write(out.record_line(record))
+    metrics_file.flush()
+    events.scalars({k: ev[k] for k in ("accuracy", "accuracy_std", "loss")},
+                   r, "eval/")
+    return (f"  test-client accuracy {100 * ev['accuracy']:.2f}"
+            f" ± {100 * ev['accuracy_std']:.2f} (across clients)")
+
+  events = EventWriter(out.file("tb"), None if resumed_from is None
+                       else start_round + 1)
+  with events, open(out.file("metrics.jsonl"), "a") as metrics_file:
+    if (train_losses and (start_round % config.eval_every == 0 or
+                          start_round == config.rounds) and
+        all(h["round"] != start_round for h in history)):
+      # Stopped by a non-finite evaluation: its round is scored again (with
+      # the step size the resume changed).
+      log(f"round {start_round:4d}/{config.rounds}  (restored)"
+          + evaluate(start_round, metrics_file))
+    for r in range(start_round + 1, config.rounds + 1):
+      t0 = time.perf_counter()
+      participants = sample_participants(config.seed, r, num_clients,
+                                         config.clients_per_round)
+      state, metrics, ok, flags = step(state, fed.train, participants)
+      if not bool(ok):
+        stop_nonfinite(r - 1, f"round {r}: non-finite "
+                       + describe(flags, participants, metrics),
+                       step_size_fields(config))
+      scalars = _scalars(jax.device_get(metrics))
+      loss = scalars["loss"]
+      if first_round_seconds is None:
+        first_round_seconds = time.perf_counter() - t0
+      train_losses.append(loss)
+      progress.step()
+      events.scalars(scalars, r, "train/")
+      line = f"round {r:4d}/{config.rounds}  train loss {loss:.4f}"
+      evaluating = r % config.eval_every == 0 or r == config.rounds
+      if evaluating:
+        line += evaluate(r, metrics_file)
+      done[0] = r
+      if (evaluating or r == start_round + 1 or
+          time.perf_counter() - last_line >= LOG_SECONDS):
+        log(f"{line}  " + (
+            f"{first_round_seconds:.2f} s (compilation included)"
+            if r == start_round + 1 else progress.describe("round")))
+        last_line = time.perf_counter()
+      if checkpoint_every and r % checkpoint_every == 0 or r == config.rounds:
+        os.fsync(metrics_file.fileno())
+        save(r, state)
+        saved_round = r
+      if stop.signum is not None and r < config.rounds:
+        path = (save(r, state) if saved_round != r else
+                checkpoints.path(r))
+        checkpoints.wait()
+        raise RunInterrupted(
+            f"{signal.Signals(stop.signum).name} after round {r}/"
+            f"{config.rounds}: the run state is saved in {path}; continue "
+            "it with --resume (same flags)", stop.signum, r, path)
+  checkpoints.wait()
+
+  session = time.perf_counter() - start
+  rounds_done = config.rounds - start_round
+  final = history[-1]
+  summary = {
+      "dataset": config.dataset, "algorithm": config.algorithm,
+      "model": config.model, "seed": config.seed, "rounds": config.rounds,
+      "final_accuracy": final["accuracy"],
+      "final_accuracy_std": final["accuracy_std"],
+      "best_accuracy": max(h["accuracy"] for h in history),
+      "seconds": offset + session, "first_round_seconds": first_round_seconds,
+      "seconds_per_round": ((session - first_round_seconds) /
+                            (rounds_done - 1) if rounds_done > 1 else session),
+      "resumed_from_round": start_round,
+  }
+  if changes or os.path.exists(out.file("changes.jsonl")):
+    summary["resume_changes"] = out.read_records("changes.jsonl", log,
+                                                 tolerant=True)
+  out.write_json("summary.json", summary)
+  log(f"final test-client accuracy {100 * final['accuracy']:.2f} ± "
+      f"{100 * final['accuracy_std']:.2f} across clients after "
+      f"{config.rounds} rounds ({offset + session:.1f} s); results in "
+      f"{out.path}")
+  return summary

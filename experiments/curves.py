@@ -1,0 +1,236 @@
+"""Runs grouped into curves, for :mod:`experiments.plot` (no plotting here).
+
+A curve is one configuration: runs whose ``config.json`` agree but for
+``REPEAT_FIELDS`` (the seed, and choices that do not change the maths) are
+repeats, drawn as their mean ± std across seeds over their common rounds.
+Runs that differ in anything else are never merged: a curve's label is the
+fields that differ between curves (one that changes only with the
+algorithm, or a path, is named under the figure instead, unless needed to
+tell curves apart), and a ``--label_by`` that would give two configurations
+one label is refused, naming the fields that differ. Flat and nested configs
+(``{"augfl": {"lam": 5}}``) are compared flattened (``augfl.lam``); an
+absent field counts as ``null``. Runs of several datasets are refused rather
+than drawn as several figures: their accuracies are on different test
+clients, and ``--output`` names one file, so nothing unnamed is written.
+Two runs of one configuration and seed are refused too (which one counts?).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from augfl_jax import training
+
+# Fields that may differ between repeats of one configuration (matched on a
+# key's last dotted part): the seed, and run control or implementation
+# choices that do not change the maths (the runner's RESUMABLE_FIELDS: how
+# long, how often evaluated, where the data is, how clients are laid out on
+# the device); and every field of the sections in REPEAT_SECTIONS.
+REPEAT_FIELDS = tuple(sorted(
+    {name.split(".")[-1] for name in ("seed",) + training.RESUMABLE_FIELDS}
+    | {"kt_loop"}))  # kt_loop: runs written before crd.loop
+REPEAT_SECTIONS = ("output", "run")
+ALGORITHM, DATASET, SEED = "algorithm", "dataset", "seed"  # top-level keys
+
+
+class PlotError(ValueError):
+  """Runs that cannot be plotted as asked (one line saying why)."""
+
+
+@dataclasses.dataclass
+class Curve:
+  """One configuration's runs: ``metrics``: accuracy, test_loss, train_loss
+  (those all its runs have) as arrays [runs, len(rounds)]; ``folded``: the
+  fields that also differ between curves, named under the figure."""
+  label: str
+  algorithm: str
+  runs: list[str]
+  rounds: list[int]
+  metrics: dict[str, np.ndarray]
+  folded: tuple[str, ...] = ()
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+  """``{"augfl": {"lam": 5}}`` -> ``{"augfl.lam": 5}``; lists stay values."""
+  flat = {}
+  for key, value in config.items():
+    flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict)
+                else {prefix + key: value})
+  return flat
+
+
+def find_runs(paths: Iterable[str]) -> list[str]:
+  """Every directory under ``paths`` that holds a ``metrics.jsonl``."""
+  return [root for path in paths for root, _, files in sorted(os.walk(path))
+          if "metrics.jsonl" in files]
+
+
+def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict]]:
+  """``(flattened config, metric records)`` of one run."""
+  try:
+    with open(os.path.join(run_dir, "config.json")) as f:
+      config = json.load(f)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+  except (OSError, ValueError) as e:
+    raise PlotError(f"{run_dir}: unreadable run ({e})") from e
+  if not isinstance(config, dict):
+    raise PlotError(f"{run_dir}: config.json is not a JSON object")
+  if not all(isinstance(r, dict) and "round" in r for r in records):
+    raise PlotError(f"{run_dir}: a metrics.jsonl record has no round")
+  return flatten(config), records
+
+
+def _is_repeat_field(key: str) -> bool:
+  return (key.split(".")[-1] in REPEAT_FIELDS
+          or key.split(".")[0] in REPEAT_SECTIONS)
+
+
+def _ident(value: Any) -> str:
+  return json.dumps(value, sort_keys=True)
+
+
+def _format(values: list[Any]) -> list[str]:
+  """Readable text of one field's values: floats with the fewest digits
+  (from 6) that keep distinct values distinct, bools as true/false."""
+  floats = {v for v in values if isinstance(v, float)}
+  digits = next((p for p in (6, 8, 10, 12, 17)
+                 if len({f"{v:.{p}g}" for v in floats}) == len(floats)), 17)
+  return [f"{v:.{digits}g}" if isinstance(v, float) else
+          v if isinstance(v, str) else _ident(v) for v in values]
+
+
+def _sort_key(v: Any) -> tuple:
+  """None first, then numbers by value, then text."""
+  return ((0,) if v is None else (1, float(v)) if isinstance(
+      v, (bool, int, float)) else (2, v if isinstance(v, str) else _ident(v)))
+
+
+def _short_names(keys: set[str]) -> dict[str, str]:
+  """Each key without its leading sections where no other key ends alike
+  (``augfl.lam`` -> ``lam``)."""
+  short = {}
+  for key in keys:
+    parts = key.split(".")
+    tails = [".".join(parts[i:]) for i in range(len(parts) - 1, 0, -1)]
+    short[key] = next((t for t in tails if sum(
+        k == t or k.endswith("." + t) for k in keys) == 1), key)
+  return short
+
+
+def _differing(configs: list[dict], keys: Iterable[str]) -> list[str]:
+  """The ``keys`` whose values differ between ``configs``, the shortest of
+  keys with the same values (``lam`` for ``lam``, ``algorithm_config.lam``);
+  the algorithm first."""
+  columns = {}
+  for key in sorted(keys, key=lambda k: (k.count("."), len(k), k)):
+    column = tuple(_ident(c.get(key)) for c in configs)
+    if len(set(column)) > 1:
+      columns.setdefault(column, key)
+  return sorted(columns.values(), key=lambda k: (k != ALGORITHM, k))
+
+
+def _collisions(configs: list[dict], fields: list[str]) -> list[tuple]:
+  """Pairs ``(i, j)`` of ``configs`` with the same values of ``fields``."""
+  keys = [tuple(_ident(c.get(f)) for f in fields) for c in configs]
+  return [(keys.index(key), j) for j, key in enumerate(keys)
+          if keys.index(key) != j]
+
+
+def _auto_fields(configs: list[dict], keys: set[str]):
+  """``(label fields, folded fields)``: the fields that differ, but for a
+  path (``*dir``) and, when the algorithm differs, a field constant among
+  each algorithm's configs (folded, unless needed to tell curves apart)."""
+  fields = _differing(configs, keys)
+  algos = [c.get(ALGORITHM) for c in configs]
+  def implied(key):
+    return ALGORITHM in fields and key != ALGORITHM and all(
+        len({_ident(c.get(key)) for c, a in zip(configs, algos) if a == al})
+        == 1 for al in set(algos))
+  spare = [f for f in fields if f.split(".")[-1].endswith("dir") or implied(f)]
+  chosen = [f for f in fields if f not in spare]
+  for f in spare:
+    if any(_ident(configs[i].get(f)) != _ident(configs[j].get(f))
+           for i, j in _collisions(configs, chosen)):
+      chosen.append(f)
+  return chosen, [f for f in spare if f not in chosen]
+
+
+def _curve(label: str, algorithm: str, runs: list, folded) -> Curve:
+  """The curve of ``runs`` ([(run_dir, records)]) over their common rounds
+  (a run may have stopped earlier or been evaluated more often)."""
+  by_round = [{r["round"]: r for r in records} for _, records in runs]
+  common = sorted(set.intersection(*(set(b) for b in by_round)))
+  if not common:
+    raise PlotError(f"runs {', '.join(d for d, _ in runs)} of one "
+                    "configuration share no evaluated round")
+  metrics = {name: np.array([[float(b[t][name]) for t in common]
+                             for b in by_round])
+             for name in ("accuracy", "test_loss", "train_loss")
+             if all(name in b[t] for b in by_round for t in common)}
+  return Curve(label, algorithm, [d for d, _ in runs], common, metrics,
+               tuple(folded))
+
+
+def group_curves(run_dirs: Sequence[str],
+                 label_by: Sequence[str] | None = None) -> list[Curve]:
+  """One curve per configuration (see the module docstring), sorted by the
+  label fields' values (numbers numerically), then by label.
+
+  Raises:
+    PlotError: an unreadable run, runs of several datasets, a ``label_by``
+      that would merge different configurations, or nothing to draw.
+  """
+  groups, seeds = {}, {}
+  for run_dir in run_dirs:
+    config, records = load_run(run_dir)
+    seed = config.get(SEED)
+    config = {k: v for k, v in config.items() if not _is_repeat_field(k)}
+    if records:  # a run not evaluated yet has nothing to draw
+      key = _ident({k: v for k, v in config.items() if v is not None})
+      groups.setdefault(key, (config, []))[1].append((run_dir, records))
+      if seed is not None and (key, seed) in seeds:
+        raise PlotError(f"{seeds[key, seed]} and {run_dir} are one "
+                        f"configuration and seed ({seed}): pass only one")
+      seeds[key, seed] = run_dir
+  if not groups:
+    raise PlotError("no run has an evaluated round yet")
+  configs = [config for config, _ in groups.values()]
+  datasets = sorted({str(c.get(DATASET)) for c in configs})
+  if len(datasets) > 1:
+    raise PlotError(f"runs of {len(datasets)} datasets ({', '.join(datasets)})"
+                    " are not comparable on one axis: plot each dataset's "
+                    "runs separately")
+  keys = set().union(*configs)
+  short = _short_names(keys)
+  fields, folded = _auto_fields(configs, keys) if not label_by else ([], [])
+  for name in label_by or ():  # a key, else every key ending in ".name"
+    found = [name] if name in keys else sorted(
+        k for k in keys if k.endswith("." + name))
+    if not found:
+      raise PlotError(f"--label_by: no field {name!r} in the runs' configs")
+    fields += found
+  for i, j in _collisions(configs, fields):
+    differ = ", ".join(short[f] for f in _differing([configs[i], configs[j]],
+                                                    keys))
+    raise PlotError(f"--label_by={','.join(label_by)} would merge runs that "
+                    f"differ in {differ}: add those fields to --label_by, or "
+                    "leave it unset")
+  texts = {f: _format([c.get(f) for c in configs]) for f in fields}
+  curves = []
+  for i, (config, runs) in enumerate(groups.values()):
+    algorithm = str(config.get(ALGORITHM))
+    label = ", ".join(
+        texts[f][i] if f == ALGORITHM else f"{short[f]}={texts[f][i]}"
+        for f in fields if config.get(f) is not None) or algorithm
+    order = tuple(_sort_key(config.get(f)) for f in fields)
+    curves.append((order, label, _curve(label, algorithm, runs,
+                                        [short[f] for f in folded])))
+  if len({label for _, label, _ in curves}) < len(curves):
+    raise PlotError("two configurations print as one label: pass --label_by")
+  return [curve for _, _, curve in sorted(curves, key=lambda c: c[:2])]
