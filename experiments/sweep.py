@@ -120,8 +120,9 @@ def finished_run(run_dir: str, config: training.RunConfig
     raise ValueError(f"{run_dir} holds a run whose config.json does not "
                      f"read as a RunConfig ({e}); choose another "
                      "--output_dir or remove that run") from None
-  diff = fields.diff(saved, training.validate(config),
-                     training.RESUMABLE_FIELDS)
+  config = training.validate(config)
+  diff = fields.diff(saved, config, training.RESUMABLE_FIELDS +
+                     training.config.unused_sections(config))
   if diff:
     raise ValueError(f"{run_dir} holds a run of another configuration "
                      f"({'; '.join(diff)}); choose another --output_dir or "

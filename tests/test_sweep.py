@@ -60,6 +60,9 @@ def test_finished_runs_are_reused_continued_or_refused(tmp_path):
   # More rounds: not finished (it continues); a resumable field may change.
   assert sweep.finished_run(run_dir, fields.replace(cell, rounds=3)) is None
   assert sweep.finished_run(run_dir, fields.replace(cell, strategy="vmap"))
+  # Another algorithm's section is not part of this run's configuration.
+  assert sweep.finished_run(run_dir, fields.replace(
+      cell, **{"fedoa.distance": "squared_l2", "fedavg.lr": 0.5}))
   assert sweep.resumable(run_dir)
   with pytest.raises(ValueError, match="another configuration") as e:
     sweep.finished_run(run_dir, fields.replace(cell, **{"augfl.rho": 0.3}))

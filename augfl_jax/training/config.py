@@ -214,6 +214,14 @@ def algorithm_config(config: RunConfig):
   return getattr(config, SECTIONS[config.algorithm])
 
 
+def unused_sections(config: RunConfig) -> tuple[str, ...]:
+  """The sections of the algorithms ``config`` does not run: a run's
+  configuration is the rest, so a change of another algorithm's default
+  leaves its directory and its checkpoints valid."""
+  own = SECTIONS[config.algorithm]
+  return tuple(sorted(set(SECTIONS.values()) - {own}))
+
+
 def step_size_fields(config: RunConfig) -> tuple[str, ...]:
   """The :data:`STEP_SIZE_FIELDS` of ``config.algorithm``'s section."""
   head = SECTIONS[config.algorithm] + "."

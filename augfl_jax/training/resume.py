@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence
 from augfl_jax import data, fields
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import (RESUMABLE_FIELDS, STEP_SIZE_FIELDS,
-                                       RunConfig)
+                                       RunConfig, unused_sections)
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 
 
@@ -22,7 +22,8 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
                          resume_changes: Sequence[str], where: str) -> None:
   """Refuses a resumed configuration that differs from the checkpoint's
   ``saved`` outside ``RESUMABLE_FIELDS`` and ``resume_changes``."""
-  diff = fields.diff(saved, config, RESUMABLE_FIELDS + tuple(resume_changes))
+  diff = fields.diff(saved, config, RESUMABLE_FIELDS + tuple(resume_changes)
+                     + unused_sections(config))
   if not diff:
     return
   names = [d.partition(":")[0] for d in diff]
@@ -96,7 +97,7 @@ def plan(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
     return None
   saved = saved_config(out, checkpoints, log)
   if saved is not None:
-    diff = fields.diff(saved, config)
+    diff = fields.diff(saved, config, unused_sections(config))
     if diff:
       raise OutputDirError(
           f"{out.path} holds a different run ({'; '.join(diff)}); pass "
