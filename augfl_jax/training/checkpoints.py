@@ -89,12 +89,24 @@ class RunCheckpoints:
       raise ValueError(f"keep must be >= 2, got {keep}")
     self.directory = os.path.abspath(directory)
     _quiet_closed_loop_callbacks()
+    self._remove_unfinished_saves()
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=("state", "meta"),
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, step_prefix="step", create=False,
             enable_async_checkpointing=True,
-            cleanup_tmp_directories=True))
+            cleanup_tmp_directories=False))
+
+  def _remove_unfinished_saves(self) -> None:
+    """Removes what saves that never finished left (orbax's
+    ``*.orbax-checkpoint-tmp*`` directories), before this run saves: done
+    here, synchronously, because orbax's own clean-up can race with the
+    first save of the new run and remove its files."""
+    if not os.path.isdir(self.directory):
+      return
+    for name in os.listdir(self.directory):
+      if ".orbax-checkpoint-tmp" in name:
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
   def reload(self) -> None:
     """Reads the steps on disk again (after the directory was cleared by
