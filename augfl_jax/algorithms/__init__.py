@@ -50,7 +50,7 @@ def names_with_role(role: str) -> tuple[str, ...]:
                if spec.pm_role == role)
 
 
-# Derived views of REGISTRY for experiments/config.py and runner.py.
+# Derived views of REGISTRY, for users who ask by role.
 CONFIGS = {name: spec.config_class for name, spec in REGISTRY.items()}
 USES_REGULARIZER = names_with_role("regularizer")
 STARTS_PRETRAINED = names_with_role("initialization")
