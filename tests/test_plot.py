@@ -169,3 +169,15 @@ def test_one_algorithm_has_one_training_loss_panel(tmp_path):
   out = tmp_path / "curves.png"
   plot.plot_curves(_labels(tmp_path)[1], str(out), "title")
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_another_algorithms_section_does_not_label_a_curve(tmp_path):
+  """A FedAvg run's augfl section (unused by it) is not its configuration:
+  the curves are told apart by the algorithm and AugFL's lam alone."""
+  for lam in (0.0, 5.0):
+    _run(tmp_path / f"augfl{lam:g}", _nested(lam), [0.5, 0.6])
+  fedavg = {**_nested(5.0), "algorithm": "fedavg",
+            "fedavg": {"lr": 0.05}}
+  _run(tmp_path / "fedavg", fedavg, [0.7, 0.8])
+  labels, _ = _labels(tmp_path)
+  assert sorted(labels) == ["augfl, lam=0", "augfl, lam=5", "fedavg"]
