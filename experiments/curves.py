@@ -83,11 +83,8 @@ def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict]]:
     raise PlotError(f"{run_dir}: config.json is not a JSON object")
   if not all(isinstance(r, dict) and "round" in r for r in records):
     raise PlotError(f"{run_dir}: a metrics.jsonl record has no round")
-  # The sections of the algorithms a run does not run are not its
-  # configuration (training.config.unused_sections).
-  sections = training.config.SECTIONS
-  if config.get("algorithm") in sections:
-    unused = set(sections.values()) - {sections[config["algorithm"]]}
+  if config.get("algorithm") in training.config.SECTIONS:
+    unused = training.config.unused_sections(config["algorithm"])
     config = {k: v for k, v in config.items() if k not in unused}
   return flatten(config), records
 

@@ -122,7 +122,7 @@ def finished_run(run_dir: str, config: training.RunConfig
                      "--output_dir or remove that run") from None
   config = training.validate(config)
   diff = fields.diff(saved, config, training.RESUMABLE_FIELDS +
-                     training.config.unused_sections(config))
+                     training.config.unused_sections(config.algorithm))
   if diff:
     raise ValueError(f"{run_dir} holds a run of another configuration "
                      f"({'; '.join(diff)}); choose another --output_dir or "

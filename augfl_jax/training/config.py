@@ -214,12 +214,11 @@ def algorithm_config(config: RunConfig):
   return getattr(config, SECTIONS[config.algorithm])
 
 
-def unused_sections(config: RunConfig) -> tuple[str, ...]:
-  """The sections of the algorithms ``config`` does not run: a run's
+def unused_sections(algorithm: str) -> tuple[str, ...]:
+  """The sections of the algorithms other than ``algorithm``: a run's
   configuration is the rest, so a change of another algorithm's default
-  leaves its directory and its checkpoints valid."""
-  own = SECTIONS[config.algorithm]
-  return tuple(sorted(set(SECTIONS.values()) - {own}))
+  leaves its directory, its checkpoints and its plot labels as they were."""
+  return tuple(sorted(set(SECTIONS.values()) - {SECTIONS[algorithm]}))
 
 
 def step_size_fields(config: RunConfig) -> tuple[str, ...]:

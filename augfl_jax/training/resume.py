@@ -23,7 +23,7 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
   """Refuses a resumed configuration that differs from the checkpoint's
   ``saved`` outside ``RESUMABLE_FIELDS`` and ``resume_changes``."""
   diff = fields.diff(saved, config, RESUMABLE_FIELDS + tuple(resume_changes)
-                     + unused_sections(config))
+                     + unused_sections(config.algorithm))
   if not diff:
     return
   names = [d.partition(":")[0] for d in diff]
@@ -97,7 +97,7 @@ def plan(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
     return None
   saved = saved_config(out, checkpoints, log)
   if saved is not None:
-    diff = fields.diff(saved, config, unused_sections(config))
+    diff = fields.diff(saved, config, unused_sections(config.algorithm))
     if diff:
       raise OutputDirError(
           f"{out.path} holds a different run ({'; '.join(diff)}); pass "
