@@ -58,12 +58,12 @@ def test_kt_study(tmp_path, pm_dir):
   text = open(os.path.join(out, "results.md")).read()
   assert text.count("| algorithm=") == 3
   assert os.path.getsize(os.path.join(out, "curves.png")) > 0
-  # The curves are told apart by the cells' dotted fields.
+  # The curves are told apart by the cells' fields, named by their last part.
   curves = plot.group_curves(plot.find_runs([out]),
                              ["algorithm", "augfl.lam"])
-  assert [c.label for c in curves] == ["augfl, augfl.lam=0",
-                                       "augfl, augfl.lam=5",
-                                       "kt_only, augfl.lam=5"]
+  assert [c.label for c in curves] == ["augfl, lam=0",
+                                       "augfl, lam=5",
+                                       "kt_only, lam=5"]
 
 
 def test_lam_study_on_a_grid_of_its_own(tmp_path, pm_dir):
