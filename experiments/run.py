@@ -15,7 +15,8 @@ Every flag but the run-control ones (``--output_dir``,
 Ctrl-C (SIGINT) or SIGTERM finishes the current round, saves a checkpoint
 and exits with 128 + the signal's number, printing the command that resumes
 the run; one that comes before the first round ends the command at once
-with a line saying nothing was trained or saved (and the same exit code).
+with a line saying nothing was trained or saved, and one in the last round
+lets the run finish; the exit code is the same.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def main(argv):
         resume_changes=FLAGS.resume_changes)
 
   try:
-    run_flags.run_command(body)
+    with training.StopSignals() as stop:  # a signal before the run's own
+      run_flags.run_command(body)
+      late = stop.take()  # it came in the last round: the run finished
   except training.RunInterrupted as e:
     if e.checkpoint is None:  # nothing saved: the same command starts it
       print(f"interrupted: {e}\nstart it again with: "
@@ -93,10 +96,14 @@ def main(argv):
             file=sys.stderr)
     sys.exit(128 + e.signum)
   except KeyboardInterrupt:
-    print("interrupted at once (second signal); resume from the newest "
+    print("interrupted at once (a second signal); resume from the newest "
           f"checkpoint, if any, with: {resume_command(sys.argv)}",
           file=sys.stderr)
     sys.exit(130)
+  if late is not None:
+    print(f"interrupted: {signal.Signals(late).name} in the last round: the "
+          "run finished and saved its results", file=sys.stderr)
+    sys.exit(128 + late)
 
 
 if __name__ == "__main__":

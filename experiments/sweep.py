@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import itertools
 import os
+import signal
 import sys
 from typing import Any, Callable
 
@@ -165,7 +166,9 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
 
   A finished run of the same configuration is reused (``finished_run``); an
   interrupted one, or one with fewer rounds, continues from its checkpoint.
-  Prints one line per run, with ``[k/n]`` progress.
+  Prints one line per run, with ``[k/n]`` progress. SIGINT/SIGTERM raises
+  ``training.RunInterrupted``: from the run it stopped (its state saved), or
+  after the run it came too late to stop.
 
   Returns:
     One row per run: ``cell``, ``seed``, the cell's fields (dotted names),
@@ -174,35 +177,42 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
   names = names or [cell_name(cell) for cell in cells]
   rows = []
   jobs = list(itertools.product(zip(names, cells), seeds))
-  for k, ((name, cell), seed) in enumerate(jobs, 1):
-    config = fields.replace(base, seed=seed, **cell)
-    run_dir = os.path.join(out, name, f"seed{seed}")
-    progress = f"[{k}/{len(jobs)}] {name} seed {seed}"
-    summary = finished_run(run_dir, config)
-    if summary is not None:
-      print(f"{progress}: reusing {run_dir}", flush=True)
-    else:
-      print(f"{progress} ...", flush=True)
-      resume = resumable(run_dir)  # an interrupted run continues
-      summary = training.run(
-          config, run_dir, log=lambda s: None, resume=resume,
-          overwrite=not resume, checkpoint_every=checkpoint_every,
-          transform_data=transform(config) if transform else None)
-      print(f"{progress}: final accuracy "
-            f"{100 * summary['final_accuracy']:.2f} "
-            f"({summary['seconds']:.0f} s)", flush=True)
-    rows.append({"cell": name, "seed": seed, **cell,
-                 "final_accuracy": summary["final_accuracy"],
-                 "best_accuracy": summary["best_accuracy"],
-                 "seconds": summary["seconds"],
-                 "run_dir": run_dir})
+  with training.StopSignals() as stop:
+    for k, ((name, cell), seed) in enumerate(jobs, 1):
+      config = fields.replace(base, seed=seed, **cell)
+      run_dir = os.path.join(out, name, f"seed{seed}")
+      progress = f"[{k}/{len(jobs)}] {name} seed {seed}"
+      summary = finished_run(run_dir, config)
+      if summary is not None:
+        print(f"{progress}: reusing {run_dir}", flush=True)
+      else:
+        print(f"{progress} ...", flush=True)
+        resume = resumable(run_dir)  # an interrupted run continues
+        summary = training.run(
+            config, run_dir, log=lambda s: None, resume=resume,
+            overwrite=not resume, checkpoint_every=checkpoint_every,
+            transform_data=transform(config) if transform else None)
+        print(f"{progress}: final accuracy "
+              f"{100 * summary['final_accuracy']:.2f} "
+              f"({summary['seconds']:.0f} s)", flush=True)
+      rows.append({"cell": name, "seed": seed, **cell,
+                   "final_accuracy": summary["final_accuracy"],
+                   "best_accuracy": summary["best_accuracy"],
+                   "seconds": summary["seconds"],
+                   "run_dir": run_dir})
+      if stop.signum is not None:  # it came too late to stop that run
+        raise training.RunInterrupted(
+            f"{signal.Signals(stop.signum).name} after run {k}/{len(jobs)} "
+            f"({name} seed {seed}, finished and saved in {run_dir})",
+            stop.signum, summary["rounds"], None)
   return rows
 
 
 def run_comparison(body: Callable[[], Any]) -> Any:
   """A comparison command's ``body()`` under ``run_flags.run_command``;
   SIGINT/SIGTERM stops it after the current round of the current run (its
-  state saved) with one line saying how to continue, exit 128 + signal."""
+  state saved), or after the run it came too late to stop, with one line
+  saying how to continue, exit 128 + signal."""
   try:
     return run_flags.run_command(body)
   except training.RunInterrupted as e:
@@ -210,8 +220,8 @@ def run_comparison(body: Callable[[], Any]) -> Any:
           file=sys.stderr)
     sys.exit(128 + e.signum)
   except KeyboardInterrupt:
-    print("interrupted at once (second signal); run the same command again "
-          "to continue from the newest checkpoints", file=sys.stderr)
+    print("interrupted at once (a second signal); run the same command "
+          "again to continue from the newest checkpoints", file=sys.stderr)
     sys.exit(130)
 
 

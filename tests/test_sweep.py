@@ -103,6 +103,70 @@ def test_cli_writes_its_tables_and_bad_grids_are_one_line(tmp_path,
     assert len(lines) == 1 and lines[0].startswith(message), lines
 
 
+def _raise_sigint_and_wait(stop):
+  os.kill(os.getpid(), signal.SIGINT)
+  while stop.signum is None:  # the handler runs between bytecodes
+    pass
+
+
+def test_a_signal_pending_at_the_end_of_a_block_reaches_the_handler_before():
+  with pytest.raises(KeyboardInterrupt):  # Python's own handler, at last
+    with training.StopSignals() as outer:
+      with training.StopSignals() as inner:
+        _raise_sigint_and_wait(inner)
+        assert outer.signum is None
+      assert outer.signum == signal.SIGINT  # handed out, not dropped
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_block_takes_over_the_pending_signal_of_the_one_around_it():
+  with training.StopSignals() as outer:
+    _raise_sigint_and_wait(outer)
+    with pytest.raises(training.RunInterrupted):
+      with training.StopSignals() as inner:
+        assert inner.signum == signal.SIGINT and outer.signum is None
+        raise training.RunInterrupted("stopped", inner.signum, 0, None)
+    assert outer.signum is None  # the exception consumed it
+
+
+def test_a_signal_in_the_last_round_of_a_run_stops_the_sweep_after_it(
+    tmp_path, monkeypatch):
+  started = []
+  def run_whose_last_round_gets_a_signal(config, run_dir, **kwargs):
+    del kwargs
+    started.append(run_dir)
+    with training.StopSignals() as stop:  # as training.run's
+      _raise_sigint_and_wait(stop)
+    return {"final_accuracy": 0.5, "best_accuracy": 0.5, "seconds": 1.0,
+            "rounds": config.rounds}
+  monkeypatch.setattr(training, "run", run_whose_last_round_gets_a_signal)
+  cells = sweep.parse_grid("augfl.rho=0.7,0.2")
+  with pytest.raises(training.RunInterrupted, match="SIGINT after run 1/2 "):
+    sweep.run_cells(training.RunConfig(rounds=2), cells, [0], str(tmp_path))
+  assert len(started) == 1
+
+
+def test_a_signal_in_the_last_round_ends_the_cli_run_with_128_plus_it(
+    tmp_path, monkeypatch, capsys):
+  from absl.testing import flagsaver  # pylint: disable=g-import-not-at-top
+  from experiments import run  # pylint: disable=g-import-not-at-top
+  def run_whose_last_round_gets_a_signal(config, output_dir, **kwargs):
+    del config, output_dir, kwargs
+    with training.StopSignals() as stop:  # as training.run's
+      _raise_sigint_and_wait(stop)
+    return {}
+  monkeypatch.setattr(training, "run", run_whose_last_round_gets_a_signal)
+  monkeypatch.setattr(run.run_flags, "start_command", lambda: None)
+  with flagsaver.flagsaver():
+    run.FLAGS(["run.py", f"--output_dir={tmp_path}", "--rounds=2"])
+    with pytest.raises(SystemExit) as e:
+      run.main(["run.py"])
+  assert e.value.code == 128 + signal.SIGINT
+  assert capsys.readouterr().err == (
+      "interrupted: SIGINT in the last round: the run finished and saved its "
+      "results\n")
+
+
 def test_sigint_stops_a_sweep_in_one_line_and_a_rerun_continues(
     tmp_path, compile_cache):
   args = [sys.executable, "-m", "experiments.sweep", "--grid=augfl.rho=0.7",

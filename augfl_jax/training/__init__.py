@@ -12,7 +12,9 @@ calls; a Python user calls it the same way::
 * :mod:`.wiring`: data, models, the PM by its role, the algorithm;
 * :mod:`.loop`: ``run``; :mod:`.resume`: the plan (fresh or resumed) and its
   checks; :mod:`.rounds`: the rounds, evaluations and checkpoints;
-  :mod:`.safety`: the non-finite guard, signals and their exceptions;
+  :mod:`.safety`: the non-finite guard, signals (:class:`StopSignals`:
+  wrap a loop over runs in one to see a signal that came in a run's last
+  round) and their exceptions;
 * :mod:`.outputs`, :mod:`.checkpoints`, :mod:`.events`: the run's files;
 * :class:`Progress` (``augfl_jax.progress``): time per step and time left.
 """
@@ -26,4 +28,5 @@ from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
                                      RunInterrupted, run)
 from augfl_jax.training.outputs import OutputDirError
 from augfl_jax.training.presets import resolve, validate
+from augfl_jax.training.safety import StopSignals
 from augfl_jax.progress import Progress

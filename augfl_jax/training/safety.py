@@ -176,7 +176,15 @@ class NonFiniteError(FloatingPointError):
 
 class StopSignals:
   """Context manager: SIGINT/SIGTERM set ``signum`` instead of stopping the
-  process (a second one raises ``KeyboardInterrupt``); main thread only."""
+  process (a second one raises ``KeyboardInterrupt``); main thread only.
+
+  Nothing is dropped: entered inside another ``StopSignals`` (a sweep around
+  its runs), it takes over the outer one's pending signal; a signal still
+  pending when the block ends without an exception (it came too late to
+  stop anything early, e.g. in a run's last round) is raised again for the
+  handler that was there before (the outer ``StopSignals``, or Python's
+  ``KeyboardInterrupt``), unless the caller :meth:`take` s it.
+  """
 
   def __init__(self):
     self.signum, self._old = None, {}
@@ -187,12 +195,22 @@ class StopSignals:
       raise KeyboardInterrupt
     self.signum = signum
 
+  def take(self) -> int | None:
+    """The pending signal, if any, now the caller's to act on."""
+    signum, self.signum = self.signum, None
+    return signum
+
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
       for s in (signal.SIGINT, signal.SIGTERM):
         self._old[s] = signal.signal(s, self._handle)
+      outer = getattr(self._old[signal.SIGINT], "__self__", None)
+      if isinstance(outer, StopSignals):
+        self.signum = outer.take()
     return self
 
-  def __exit__(self, *exc):
+  def __exit__(self, exc_type, *exc):
     for s, handler in self._old.items():
       signal.signal(s, handler)
+    if self._old and exc_type is None and self.signum is not None:
+      signal.raise_signal(self.signum)
