@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from augfl_jax import clients
-from augfl_jax import models
 from augfl_jax.models import conv
 
 STRATEGIES = ("vmap", "map", "chunked:3", "sharded", "sharded:map",
@@ -164,24 +163,6 @@ def test_max_pool_patches_matches_numpy_and_routes_gradient():
           i, j = np.unravel_index(np.argmax(win), (2, 2))
           mask[n, 2 * h + i, 2 * w + j, c] = 1.0
   np.testing.assert_array_equal(g, mask)
-
-
-@pytest.mark.parametrize("name,shape,kwargs", [
-    ("cnn", (12, 12, 1), {"widths": (4, 6), "dense": 8}),
-    ("resnet8", (6, 6, 3), {"num_filters": (4, 4, 8, 8)})])
-def test_models_conv_impls_agree(name, shape, kwargs):
-  batch = {"x": jax.random.normal(jax.random.PRNGKey(0), (5,) + shape),
-           "y": jnp.arange(5) % 3, "mask": jnp.array([1., 1., 1., 1., 0.])}
-  grads = []
-  for impl in conv.CONV_IMPLS:
-    if name == "resnet8":
-      model = models.ResNet(8, kwargs["num_filters"], 3, conv_impl=impl)
-    else:
-      model = models.create_model(name, 3, conv_impl=impl, **kwargs)
-    params = models.init_params(model, jax.random.PRNGKey(1), shape)
-    grads.append(jax.jit(jax.value_and_grad(models.make_loss_fn(model)))(
-        params, batch))
-  chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
 _SHARDED_SCRIPT = textwrap.dedent("""

@@ -178,12 +178,12 @@ def test_client_models_are_pure_in_their_params():
         lambda m=model: m.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1))))
     assert set(variables) == {"params", "batch_stats"}, name
     params = models.init_params(model, jax.random.key(0), (8, 8, 1))
-    assert model.apply({"params": params}, x)[1].shape == (4, 3)
+    assert jax.jit(model.apply)({"params": params}, x)[1].shape == (4, 3)
     stats = models.init_batch_stats(model, (8, 8, 1))
     running = model.clone(norm="running")
     # Initial running statistics (mean 0, var 1) normalise nothing away.
-    assert running.apply({"params": params, "batch_stats": stats},
-                         x)[1].shape == (4, 3)
+    assert jax.jit(running.apply)({"params": params, "batch_stats": stats},
+                                  x)[1].shape == (4, 3)
   group = models.create_model("cnn", 3, norm="group")
   assert models.init_batch_stats(group, (8, 8, 1)) == {}
 
