@@ -160,7 +160,8 @@ class RunInterrupted(Exception):
   """SIGINT or SIGTERM stopped the run; its state, if any, was saved.
 
   Attributes: ``signum``, ``round`` (the last completed round) and
-  ``checkpoint`` (the saved checkpoint's path, ``None`` before round 1).
+  ``checkpoint`` (the checkpoint the stop saved; ``None`` before round 1,
+  and after a run the signal came too late to stop, which ended as usual).
   """
 
   def __init__(self, message: str, signum: int, round_: int,
