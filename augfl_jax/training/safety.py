@@ -184,7 +184,7 @@ class StopSignals:
   pending when the block ends without an exception (it came too late to
   stop anything early, e.g. in a run's last round) is raised again for the
   handler that was there before (the outer ``StopSignals``, or Python's
-  ``KeyboardInterrupt``), unless the caller :meth:`take` s it.
+  ``KeyboardInterrupt``), unless the caller has taken it (:meth:`take`).
   """
 
   def __init__(self):
