@@ -46,6 +46,7 @@ def _cells(out):
       open(os.path.join(out, "results.csv")))]
 
 
+@pytest.mark.slow
 def test_kt_study(tmp_path, pm_dir):
   out = str(tmp_path / "kt")
   base = _base(**{"pm.model": "mlp", "pm.dir": pm_dir})
@@ -66,6 +67,7 @@ def test_kt_study(tmp_path, pm_dir):
                                        "kt_only, lam=5"]
 
 
+@pytest.mark.slow
 def test_lam_study_on_a_grid_of_its_own(tmp_path, pm_dir):
   out = str(tmp_path / "lam")
   base = _base(**{"pm.model": "mlp", "pm.dir": pm_dir})
@@ -77,6 +79,7 @@ def test_lam_study_on_a_grid_of_its_own(tmp_path, pm_dir):
     assert os.path.getsize(os.path.join(out, name)) > 0
 
 
+@pytest.mark.slow
 def test_pm_size_study_uses_one_pm_per_size(tmp_path, monkeypatch):
   # Three small mlp PMs instead of the digits sizes (cnns take longer), with
   # fresh weights in the default directories of a temporary PM root

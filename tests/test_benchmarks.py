@@ -36,6 +36,7 @@ class _Flags:
     self.output = str(tmp_path / "out.json")
 
 
+@pytest.mark.slow
 def test_round_cost_tiny_grid_writes_json(tmp_path):
   try:
     import torch  # noqa: F401 pylint: disable=g-import-not-at-top,unused-import
@@ -120,6 +121,7 @@ def test_run_defaults_parses_variants_and_pairs_ratios_by_repeat():
                                                     "b": [1.0, 1.0]}
 
 
+@pytest.mark.slow
 def test_crd_cost_times_recomputed_and_cached_pm(tmp_path):
   from benchmarks import crd_cost  # pylint: disable=g-import-not-at-top
 

@@ -197,6 +197,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sharded_on_8_fake_devices_matches_single_device():
   """Two AugFL rounds: sharded over 8 CPU devices == vmap on one (1e-5).
 

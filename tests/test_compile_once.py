@@ -27,6 +27,7 @@ import os
 import re
 
 import jax
+import pytest
 
 from augfl_jax import fields, training
 
@@ -97,6 +98,7 @@ def _assert_once(traced, lowered, what):
         f"(lowerings: {dict(lowered)})")
 
 
+@pytest.mark.slow
 def test_round_and_evaluation_compile_once_per_run_and_resume(tmp_path):
   out = str(tmp_path / "run")
   config = _config(**{"augfl.lam": 0.0}, rounds=3, eval_every=1)

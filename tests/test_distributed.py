@@ -86,6 +86,7 @@ def _single_process_reference():
   return state, metrics
 
 
+@pytest.mark.slow
 def test_round_on_two_processes_matches_one_process(tmp_path):
   out = tmp_path / "result.npz"
   env = dict(os.environ, PYTHONPATH=ROOT)

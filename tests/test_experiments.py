@@ -15,7 +15,8 @@ from augfl_jax.training import presets
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("algorithm", ["augfl", "fedavg", "per_fedavg"])
+@pytest.mark.parametrize("algorithm", [
+    pytest.param("augfl", marks=pytest.mark.slow), "fedavg", "per_fedavg"])
 def test_run_writes_its_files(tmp_path, algorithm):
   # AugFL runs with its PM (lam = 5 by default): pretrained into tmp_path.
   config = training.RunConfig(
@@ -44,6 +45,7 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert "clients: 40" in open(tmp_path / "partition.txt").read()
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
   run = lambda seed, name: training.run(
       fields.replace(training.RunConfig(rounds=3, eval_every=3, seed=seed),
@@ -109,6 +111,7 @@ def test_bad_flags_fail_with_one_clear_line(tmp_path, args, message):
   assert not os.path.exists(tmp_path / "config.json")
 
 
+@pytest.mark.slow
 def test_cli_prints_progress_and_accuracy(tmp_path):
   result = _run_cli("--rounds=2", "--eval_every=1", "--augfl.lam=0",
                     f"--output_dir={tmp_path}")

@@ -290,6 +290,7 @@ flags.main_runner(run.main)
 """
 
 
+@pytest.mark.slow
 def test_cli_failures_are_one_line_without_traceback(tmp_path, compile_cache):
   _fake_pm(tmp_path / "pm")
   out = lambda name: f"--output_dir={tmp_path / name}"

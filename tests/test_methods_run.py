@@ -21,7 +21,8 @@ def pm_root(tmp_path_factory):
   return tmp_path_factory.mktemp("pm")
 
 
-@pytest.mark.parametrize("dataset", ["digits", "synthetic"])
+@pytest.mark.parametrize("dataset", [
+    pytest.param("digits", marks=pytest.mark.slow), "synthetic"])
 @pytest.mark.parametrize("algorithm", algorithms.ALGORITHMS)
 def test_every_algorithm_runs_on_the_embedded_datasets(tmp_path, pm_root,
                                                        dataset, algorithm):

@@ -156,6 +156,7 @@ def test_feature_widths():
     chex.assert_shape(out[0], (2, width))
 
 
+@pytest.mark.slow
 def test_resnet32x4_tiny_batch():
   model = models.create_model("resnet32x4", 10)
   params = _fake_params(model, (8, 8, 3))
@@ -166,6 +167,7 @@ def test_resnet32x4_tiny_batch():
   chex.assert_tree_all_finite((features, logits))
 
 
+@pytest.mark.slow
 def test_client_models_are_pure_in_their_params():
   """A client model runs from its "params" alone (batch statistics of the
   batch at hand); the running statistics ("batch_stats") exist only for the
@@ -303,7 +305,7 @@ def test_masked_batchnorm_all_padding_is_finite():
 
 @pytest.mark.parametrize("name,kwargs,shape", [
     ("cnn", {}, (8, 8, 1)),
-    ("resnet8x4", {}, (8, 8, 3)),
+    pytest.param("resnet8x4", {}, (8, 8, 3), marks=pytest.mark.slow),
     ("mlp", {"norm": "batch"}, (8, 8, 1)),
 ])
 def test_padding_invariance(name, kwargs, shape):
@@ -440,7 +442,8 @@ def test_vmap_over_clients(name, kwargs):
 
 @pytest.mark.parametrize("name,shape", [
     ("cnn", (28, 28, 1)),  # the paper-size CNN (1.6M parameters)
-    ("resnet8x4", (8, 8, 3)),  # AugFL's client ResNet, small images
+    pytest.param("resnet8x4", (8, 8, 3),  # AugFL's client ResNet, small
+                 marks=pytest.mark.slow),   # images
 ])
 def test_conv_impls_agree_on_full_models_and_under_client_vmap(name, shape):
   """xla vs patches: the same parameter tree, features, logits, loss and

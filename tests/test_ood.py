@@ -64,6 +64,7 @@ def test_held_out_domain_clients_are_the_test_clients():
   assert new.server["x"].shape[0] == 400  # the server split is unchanged
 
 
+@pytest.mark.slow
 def test_ood_writes_tables_and_a_rerun_reuses_every_cell(tmp_path, pm_dir,
                                                         monkeypatch):
   base = training.RunConfig(rounds=2, pm=training.PMConfig(model="mlp",
@@ -132,6 +133,7 @@ def test_bad_requests_fail_before_any_run(tmp_path):
   assert not os.path.exists(out)
 
 
+@pytest.mark.slow
 def test_cli_runs_and_bad_flags_are_one_line(tmp_path, compile_cache):
   def cli(*args):
     return subprocess.run(

@@ -255,6 +255,7 @@ def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
   assert len(calls) == 1
 
 
+@pytest.mark.slow
 def test_a_pm_restores_under_either_conv_impl(tmp_path, digits, monkeypatch):
   """conv_impl is not part of the architecture: a cnn PM pretrained with
   "patches" is reused (not retrained) by a run with "xla", with the same
@@ -321,6 +322,7 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path):
       result.stdout)
 
 
+@pytest.mark.slow
 def test_cli_pretrains_the_pm_a_default_run_uses(tmp_path):
   """Same model, norm (GroupNorm on digits), split and default directory as
   ``experiments.run`` resolves: the run reuses the PM instead of refusing
@@ -339,6 +341,7 @@ def test_cli_pretrains_the_pm_a_default_run_uses(tmp_path):
              for line in lines)
 
 
+@pytest.mark.slow
 def test_cli_pretrains_into_the_default_directory_of_a_run(tmp_path):
   """Without --pm.dir: the directory a run with the same flags looks in
   (here under a temporary working directory)."""
@@ -428,6 +431,7 @@ def test_running_statistics_follow_pytorch(digits):
   np.testing.assert_allclose(got["var"], var, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_eval_mode_pm_is_per_example(digits):
   """With running statistics, a PM's output for an example does not depend
   on the rest of its batch; with batch statistics it does."""

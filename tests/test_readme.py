@@ -4,9 +4,12 @@
 import os
 import re
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_readme_python_snippets_run(tmp_path, monkeypatch, capsys):
   text = open(os.path.join(ROOT, "README.md")).read()
   snippets = re.findall(r"```python\n(.*?)```", text, re.S)

@@ -47,6 +47,7 @@ def test_server_split_histogram_as_a_run_prints_it(fashion_mnist):
           "6:1021 7:1022 8:990 9:1000") in summary.splitlines()
 
 
+@pytest.mark.slow
 def test_three_rounds_of_fedavg(tmp_path):
   _fashion_mnist_or_skip()
   lines = []

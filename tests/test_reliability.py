@@ -101,6 +101,7 @@ def _no_data_loaded(monkeypatch):
 # One writer per directory.
 
 
+@pytest.mark.slow
 def test_two_runs_and_a_resume_into_a_directory_in_use_get_one_line(
     tmp_path, compile_cache):
   """While a run trains, a second run and a --resume into its directory
@@ -248,6 +249,7 @@ def _event_steps(logdir):
           for tag in ("train/loss", "eval/accuracy")}
 
 
+@pytest.mark.slow
 def test_tensorboard_events_are_complete_after_kill_9_and_resume(
     tmp_path, compile_cache):
   out = str(tmp_path / "run")
@@ -450,6 +452,7 @@ def test_a_damaged_checkpoint_falls_back_and_the_run_goes_on(tmp_path,
   assert [r["round"] for r in _records(out)] == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints_through_the_cli_print_no_tracebacks(
     tmp_path, compile_cache):
   """orbax gives up on a damaged step with an exception the run handles;
@@ -533,6 +536,7 @@ def _limit_file_size():
   resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_cannot_be_written_is_one_line_in_the_cli(
     tmp_path, compile_cache):
   """A real failure inside orbax's background save (files limited to 200

@@ -118,7 +118,7 @@ def _assert_same_state(a, b):
 @pytest.mark.parametrize("algorithm,extra", [
     ("augfl", {"augfl.lam": 0.0}),
     ("fedavg", {}),
-    ("augfl", PM_RUN),
+    pytest.param("augfl", PM_RUN, marks=pytest.mark.slow),
 ], ids=["augfl", "fedavg", "augfl_pm"])
 def test_crash_then_resume_equals_straight_run(tmp_path, pm_dir, algorithm,
                                                 extra, monkeypatch):
@@ -251,6 +251,7 @@ def test_tensorboard_events_match_metrics(tmp_path):
       np.mean([events["train/loss"][1], events["train/loss"][2]]), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_checkpoint_and_resume_finishes(tmp_path,
                                                        compile_cache):
   env = {**os.environ, "XDG_CACHE_HOME": compile_cache,

@@ -75,6 +75,7 @@ def test_finished_runs_are_reused_continued_or_refused(tmp_path):
   assert not sweep.resumable(str(foreign))
 
 
+@pytest.mark.slow
 def test_cli_writes_its_tables_and_bad_grids_are_one_line(tmp_path,
                                                           compile_cache):
   def cli(*args):
@@ -176,6 +177,7 @@ def test_a_signal_in_the_last_round_ends_the_cli_run_with_128_plus_it(
       "results\n")
 
 
+@pytest.mark.slow
 def test_sigint_stops_a_sweep_in_one_line_and_a_rerun_continues(
     tmp_path, compile_cache):
   args = [sys.executable, "-m", "experiments.sweep", "--grid=augfl.rho=0.7",
