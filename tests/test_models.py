@@ -442,8 +442,8 @@ def test_vmap_over_clients(name, kwargs):
 
 @pytest.mark.parametrize("name,shape", [
     ("cnn", (28, 28, 1)),  # the paper-size CNN (1.6M parameters)
-    pytest.param("resnet8x4", (8, 8, 3),  # AugFL's client ResNet, small
-                 marks=pytest.mark.slow),   # images
+    # AugFL's client ResNet, small images
+    pytest.param("resnet8x4", (8, 8, 3), marks=pytest.mark.slow),
 ])
 def test_conv_impls_agree_on_full_models_and_under_client_vmap(name, shape):
   """xla vs patches: the same parameter tree, features, logits, loss and
