@@ -665,6 +665,32 @@ def test_sigterm_while_the_command_starts_is_one_line(tmp_path,
   assert not (tmp_path / "out").exists()
 
 
+_SIGNAL_INSIDE_DEL = """
+import os, signal
+from experiments import run
+signal.signal(signal.SIGTERM, run._stopped_while_starting)
+class Dropped:
+  def __del__(self):  # Python ignores what a __del__ raises
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):  # the handler runs here, inside __del__
+      pass
+Dropped()
+print("went on")
+"""
+
+
+def test_a_starting_signal_inside_code_that_swallows_exceptions_still_ends():
+  """A handler can run inside a __del__ or a gc callback (JAX's), where a
+  SystemExit is printed and dropped: the command must end all the same."""
+  result = subprocess.run([sys.executable, "-c", _SIGNAL_INSIDE_DEL],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 128 + signal.SIGTERM, result.stderr
+  assert "went on" not in result.stdout
+  assert result.stderr == ("interrupted: SIGTERM while the command was "
+                           "starting: nothing was trained or saved\n")
+
+
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
                     reason="the run takes signals in the main thread only")
 def test_sigterm_before_the_first_round_says_nothing_was_saved(tmp_path):
