@@ -10,6 +10,8 @@ The public API, by module:
   strategy across processes (``jax.distributed``).
 * ``evaluation``: fast adaptation on held-out clients; ``summarise``, the
   accuracy summary of every evaluator.
+* ``intervals``: 95% confidence intervals across clients (the
+  sample-weighted accuracy and paired differences) and across seeds.
 * ``algorithms``: every method under one interface (``algorithms.REGISTRY``
   of ``AlgorithmSpec``: config class, PM role, constructor; ``build``).
 * ``transfer``: the server's regulariser R_h (CRD, L2, none) from the PM.
@@ -33,6 +35,7 @@ from augfl_jax import distributed
 from augfl_jax import evaluation
 from augfl_jax import fields
 from augfl_jax import hvp
+from augfl_jax import intervals
 from augfl_jax import local
 from augfl_jax import models
 from augfl_jax import pm
