@@ -12,13 +12,15 @@ Personalised methods pass one model per client (``per_client_params=True``).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from augfl_jax import clients as clients_lib
+from augfl_jax import intervals
 from augfl_jax.types import Batch, ClientData, LossFn, Params
 
 # eval_fn(params, batch) -> (masked mean loss, number of correct real examples)
@@ -112,3 +114,68 @@ def masked_correct(predictions: jax.Array, labels: jax.Array,
   """Number of real rows (``mask > 0``) with ``predictions == labels``
   (``[n]`` each; float32 scalar)."""
   return jnp.sum(jnp.where((mask > 0) & (predictions == labels), 1.0, 0.0))
+
+
+def query_counts(clients: ClientData) -> np.ndarray:
+  """``[C]`` real query examples per client (what an evaluation scores)."""
+  return np.asarray(jax.device_get(jnp.sum(clients.query["mask"] > 0, -1)),
+                    dtype=np.int64)
+
+
+def with_interval(metrics: dict[str, Any], counts: np.ndarray,
+                  confidence: float = intervals.CONFIDENCE
+                 ) -> dict[str, Any]:
+  """An evaluation's host metrics with the interval of its accuracy.
+
+  Args:
+    metrics: an evaluator's output (``accuracy``, ``client_accuracy``
+      ``[C]``, ...), on the host.
+    counts: ``[C]`` query examples per client (:func:`query_counts`).
+    confidence: the interval's coverage.
+
+  Returns:
+    ``metrics`` plus ``client_correct`` (``[C]`` int64: correct
+    predictions per client, ``round(client_accuracy * count)``),
+    ``client_count`` and ``accuracy_interval`` (an ``intervals.Interval``:
+    the sample-weighted mean across clients, clipped to [0, 1]).
+  """
+  counts = np.asarray(counts, dtype=np.int64)
+  correct = np.rint(np.asarray(metrics["client_accuracy"], np.float64)
+                    * counts).astype(np.int64)
+  interval = intervals.ratio_interval(correct, counts, confidence).clipped()
+  return {**metrics, "client_correct": correct, "client_count": counts,
+          "accuracy_interval": interval}
+
+
+def score_in_chunks(evaluate: Callable[[Any, ClientData], dict[str, Any]],
+                    state: Any, clients: ClientData, *,
+                    chunk_size: int = 100) -> dict[str, Any]:
+  """``evaluate(state, chunk)`` over consecutive chunks of at most
+  ``chunk_size`` clients, of near-equal sizes (at most two shapes, so at
+  most two compilations), so that many held-out clients need the memory of
+  one chunk; the per-client results are joined on the host.
+
+  Returns:
+    :func:`with_interval`'s metrics over all ``C`` clients: ``accuracy``
+    (sample-weighted), ``accuracy_std``, ``loss`` (sample-weighted),
+    ``client_accuracy``, ``client_correct``, ``client_count`` ``[C]`` and
+    ``accuracy_interval``.
+  """
+  if chunk_size < 1:
+    raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+  total = clients.num_clients
+  if total < 1:
+    raise ValueError("there are no clients to score")
+  counts = query_counts(clients)
+  accuracy, loss_sum = [], 0.0
+  for chunk in np.array_split(np.arange(total), -(-total // chunk_size)):
+    ev = jax.device_get(evaluate(state, jax.tree.map(
+        lambda a, c=chunk: a[c[0]:c[-1] + 1], clients)))
+    accuracy.append(np.asarray(ev["client_accuracy"], np.float64))
+    loss_sum += float(ev["loss"]) * counts[chunk].sum()
+  client_accuracy = np.concatenate(accuracy)
+  scored = with_interval({"client_accuracy": client_accuracy}, counts)
+  return {**scored,
+          "accuracy": float(scored["client_correct"].sum() / counts.sum()),
+          "accuracy_std": float(np.std(client_accuracy)),
+          "loss": loss_sum / float(counts.sum())}

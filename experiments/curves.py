@@ -44,15 +44,27 @@ class PlotError(ValueError):
 
 @dataclasses.dataclass
 class Curve:
-  """One configuration's runs: ``metrics``: accuracy, test_loss, train_loss
-  (those all its runs have) as arrays [runs, len(rounds)]; ``folded``: the
-  fields that also differ between curves, named under the figure."""
+  """One configuration's runs.
+
+  Attributes:
+    metrics: ``accuracy``, ``accuracy_ci_low``, ``accuracy_ci_high`` (the
+      held-out clients' 95% interval), ``test_loss``, ``train_loss`` (the
+      mean over the rounds since the previous evaluation): those all its
+      runs have, as arrays ``[runs, len(rounds)]``.
+    test_split: ``test_split_accuracy``, ``test_split_ci_low``,
+      ``test_split_ci_high`` ``[runs, len(test_split_rounds)]``, at the
+      rounds where every run scored its test-split clients.
+    folded: the fields that also differ between curves, named under the
+      figure.
+  """
   label: str
   algorithm: str
   runs: list[str]
   rounds: list[int]
   metrics: dict[str, np.ndarray]
   folded: tuple[str, ...] = ()
+  test_split_rounds: list[int] = dataclasses.field(default_factory=list)
+  test_split: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -172,12 +184,35 @@ def _curve(label: str, algorithm: str, runs: list, folded) -> Curve:
   if not common:
     raise PlotError(f"runs {', '.join(d for d, _ in runs)} of one "
                     "configuration share no evaluated round")
-  metrics = {name: np.array([[float(b[t][name]) for t in common]
-                             for b in by_round])
-             for name in ("accuracy", "test_loss", "train_loss")
-             if all(name in b[t] for b in by_round for t in common)}
+  metrics = _columns(by_round, common, {
+      "accuracy": lambda r: r["accuracy"],
+      "accuracy_ci_low": lambda r: r["accuracy_ci"][0],
+      "accuracy_ci_high": lambda r: r["accuracy_ci"][1],
+      "test_loss": lambda r: r["test_loss"],
+      # written as train_loss before it was named for what it is
+      "train_loss": lambda r: r.get("mean_train_loss", r.get("train_loss"))})
+  scored = [t for t in common if all("test_split" in b[t] for b in by_round)]
+  test_split = _columns(by_round, scored, {
+      "test_split_accuracy": lambda r: r["test_split"]["accuracy"],
+      "test_split_ci_low": lambda r: r["test_split"]["accuracy_ci"][0],
+      "test_split_ci_high": lambda r: r["test_split"]["accuracy_ci"][1]})
   return Curve(label, algorithm, [d for d, _ in runs], common, metrics,
-               tuple(folded))
+               tuple(folded), scored if test_split else [], test_split)
+
+
+def _columns(by_round: list[dict[int, dict]], rounds: list[int],
+             getters: dict[str, Any]) -> dict[str, np.ndarray]:
+  """``{name: [runs, len(rounds)]}`` of the ``getters`` every record at
+  ``rounds`` has (a missing key or a ``None`` leaves that name out)."""
+  columns = {}
+  for name, get in getters.items():
+    try:
+      values = [[get(b[t]) for t in rounds] for b in by_round]
+    except (KeyError, TypeError, IndexError):
+      continue
+    if rounds and all(v is not None for row in values for v in row):
+      columns[name] = np.array(values, dtype=np.float64)
+  return columns
 
 
 def group_curves(run_dirs: Sequence[str],

@@ -9,10 +9,17 @@ Runs are grouped into curves by :mod:`experiments.curves` (one
 configuration a curve, repeats across seeds as mean ± std; re-exported
 here).
 
-Panels: test-client accuracy; test loss (the query cross-entropy after
-adaptation, the same quantity for every method); training loss, a panel per
-algorithm, since each algorithm's is its own objective (AugFL's query loss
-after adaptation, FedAvg's local SGD loss, KT-only's R_h).
+Panels: test-client accuracy (the protocol's held-out clients); the
+test-split accuracy (many clients from the dataset's test split, where the
+runs scored them); test loss (the query cross-entropy after adaptation, the
+same quantity for every method); training loss, a panel per algorithm,
+since each algorithm's is its own objective (AugFL's query loss after
+adaptation, FedAvg's local SGD loss, KT-only's R_h).
+
+Bands: a curve of several seeds is their mean with its 95% interval across
+seeds (Student's t, ``n - 1`` degrees of freedom); a curve of one run is the
+run's accuracy with its 95% interval across clients (as ``metrics.jsonl``
+records it); the losses are mean ± std across seeds.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from augfl_jax import intervals
 from experiments.curves import (ALGORITHM, DATASET, REPEAT_FIELDS,
                                 REPEAT_SECTIONS, SEED, Curve, PlotError,
                                 find_runs, flatten, group_curves, load_run)
@@ -43,11 +51,39 @@ FLAGS = flags.FLAGS
 
 
 
+# An accuracy's recorded 95% interval across clients: its two ends' keys.
+_CLIENT_INTERVALS = {"accuracy": ("accuracy_ci_low", "accuracy_ci_high"),
+                     "test_split_accuracy": ("test_split_ci_low",
+                                             "test_split_ci_high")}
+
+
+def _band(source: dict[str, np.ndarray], metric: str, scale: float):
+  """``(mean, low, high, what)`` of ``source[metric]`` ``[runs, rounds]``:
+  an accuracy's 95% interval across seeds (several runs) or across clients
+  (one run), else mean ± std across seeds."""
+  values = scale * source[metric]
+  mean = values.mean(0)
+  if metric in _CLIENT_INTERVALS and len(values) >= 2:
+    ends = [intervals.mean_interval(column) for column in values.T]
+    return (mean, np.array([e.low for e in ends]),
+            np.array([e.high for e in ends]), "95% CI across seeds")
+  low, high = _CLIENT_INTERVALS.get(metric, (None, None))
+  if low in source and high in source:
+    return (mean, scale * source[low][0], scale * source[high][0],
+            "95% CI across clients")
+  std = values.std(0)
+  return mean, mean - std, mean + std, "mean ± std across seeds"
+
+
 def make_figure(curves: Sequence[Curve], title: str = ""):
-  """Panels of accuracy, test loss, and training loss per algorithm, one
-  colour per curve throughout, one legend; notes under the panels."""
+  """Panels of accuracy, test-split accuracy, test loss, and training loss
+  per algorithm, one colour per curve throughout, one legend; notes under
+  the panels."""
   algorithms = list(dict.fromkeys(c.algorithm for c in curves))
   panels = [("accuracy", "test-client accuracy", None)]
+  if any(c.test_split for c in curves):
+    panels.append(("test_split_accuracy", "test-split clients' accuracy",
+                   None))
   if any("test_loss" in c.metrics for c in curves):
     panels.append(("test_loss", "test loss (query CE after adaptation)", None))
   panels += [("train_loss", "training loss" + (
@@ -59,20 +95,29 @@ def make_figure(curves: Sequence[Curve], title: str = ""):
   colors = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
   handles = {}
   for ax, (metric, name, algorithm) in zip(axes.flat, panels):
-    scale, positive = (100.0 if metric == "accuracy" else 1.0), True
+    scale, positive = (100.0 if "accuracy" in metric else 1.0), True
+    bands = set()
     for k, curve in enumerate(curves):
-      values = curve.metrics.get(metric)
-      if values is None or algorithm not in (None, curve.algorithm):
+      test_split = metric.startswith("test_split")
+      source = curve.test_split if test_split else curve.metrics
+      if metric not in source or algorithm not in (None, curve.algorithm):
         continue
-      mean, std = scale * values.mean(0), scale * values.std(0)
-      positive &= bool(np.all(values > 0))
-      (line,) = ax.plot(curve.rounds, mean, color=colors(k % colors.N),
-                        marker="o" if len(curve.rounds) < 4 else None)
-      ax.fill_between(curve.rounds, mean - std, mean + std, alpha=0.2,
-                      color=line.get_color())
-      handles.setdefault(k, (line, f"{curve.label} (n={len(values)})"))
+      rounds = curve.test_split_rounds if test_split else curve.rounds
+      mean, low, high, what = _band(source, metric, scale)
+      bands.add(what)
+      positive &= bool(np.all(source[metric] > 0))
+      color = colors(k % colors.N)
+      if len(rounds) < 4 and metric in _CLIENT_INTERVALS:  # error bars
+        (line, *_) = ax.errorbar(
+            rounds, mean, yerr=np.nan_to_num([mean - low, high - mean]),
+            color=color, marker="o", capsize=3)
+      else:
+        (line,) = ax.plot(rounds, mean, color=color,
+                          marker="o" if len(rounds) < 4 else None)
+        ax.fill_between(rounds, low, high, alpha=0.2, color=color)
+      handles.setdefault(k, (line, f"{curve.label} (n={len(curve.runs)})"))
     ax.set(title=name, xlabel="round", ylabel=(
-        "%, " if metric == "accuracy" else "") + "mean ± std across seeds")
+        "%; " if scale == 100 else "") + "; ".join(sorted(bands)))
     if metric == "train_loss" and positive:
       ax.set_yscale("log")
     ax.grid(alpha=0.3)

@@ -21,12 +21,13 @@ import itertools
 import os
 import signal
 import sys
+import time
 from typing import Any, Callable
 
 from absl import flags
 import numpy as np
 
-from augfl_jax import fields, training
+from augfl_jax import fields, progress, training
 from augfl_jax.training import checkpoints, outputs
 from experiments import flags as run_flags
 
@@ -145,11 +146,20 @@ def resumable(run_dir: str) -> bool:
     manager.close()
 
 
+def _finished_rounds(run_dir: str) -> int | None:
+  """The rounds of the finished run in ``run_dir`` (its summary), if any."""
+  try:
+    return int(outputs.OutputDir(run_dir).read_json("summary.json")["rounds"])
+  except (OSError, ValueError, KeyError, TypeError, outputs.OutputDirError):
+    return None
+
+
 def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
               out: str, names: list[str] | None = None,
               transform: Callable[[training.RunConfig],
                                   Callable[..., Any] | None] | None = None,
-              checkpoint_every: int = training.CHECKPOINT_EVERY
+              checkpoint_every: int = training.CHECKPOINT_EVERY,
+              log: Callable[[str], None] = print
               ) -> list[dict[str, Any]]:
   """Runs every (cell, seed) under ``out/<name>/seed<seed>``.
 
@@ -163,38 +173,54 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
       ``training.run`` for that run (e.g. ``experiments.ood``'s held-out
       domain), or ``None``.
     checkpoint_every: as ``training.run``'s.
+    log: receives every run's progress lines, each prefixed with
+      ``[k/n] <cell> seed <seed>:``, and after each run the sweep's time
+      so far and an estimate of the time left.
 
   A finished run of the same configuration is reused (``finished_run``); an
-  interrupted one, or one with fewer rounds, continues from its checkpoint.
-  Prints one line per run, with ``[k/n]`` progress. SIGINT/SIGTERM raises
-  ``training.RunInterrupted``: from the run it stopped (its state saved), or
-  after the run it came too late to stop.
+  interrupted one continues from its checkpoint, and a finished one with
+  fewer rounds is extended (saying so: its directory then holds the longer
+  run). SIGINT/SIGTERM raises ``training.RunInterrupted``: from the run it
+  stopped (its state saved), or after the run it came too late to stop.
 
   Returns:
     One row per run: ``cell``, ``seed``, the cell's fields (dotted names),
     ``final_accuracy``, ``best_accuracy``, ``run_dir``.
   """
   names = names or [cell_name(cell) for cell in cells]
-  rows = []
+  rows, durations = [], []
   jobs = list(itertools.product(zip(names, cells), seeds))
+  start = time.perf_counter()
   with training.StopSignals() as stop:
     for k, ((name, cell), seed) in enumerate(jobs, 1):
       config = fields.replace(base, seed=seed, **cell)
       run_dir = os.path.join(out, name, f"seed{seed}")
-      progress = f"[{k}/{len(jobs)}] {name} seed {seed}"
+      prefix = f"[{k}/{len(jobs)}] {name} seed {seed}"
       summary = finished_run(run_dir, config)
       if summary is not None:
-        print(f"{progress}: reusing {run_dir}", flush=True)
+        log(f"{prefix}: reusing {run_dir}")
       else:
-        print(f"{progress} ...", flush=True)
         resume = resumable(run_dir)  # an interrupted run continues
+        done = _finished_rounds(run_dir) if resume else None
+        log(f"{prefix}: " + (
+            f"extending the finished {done}-round run in {run_dir} to "
+            f"{config.rounds} rounds" if done is not None else
+            f"continuing {run_dir}" if resume else f"running in {run_dir}"))
+        t0 = time.perf_counter()
         summary = training.run(
-            config, run_dir, log=lambda s: None, resume=resume,
-            overwrite=not resume, checkpoint_every=checkpoint_every,
+            config, run_dir, log=lambda text, p=prefix: log("\n".join(
+                f"{p}: {line}" for line in text.splitlines())),
+            resume=resume, overwrite=not resume,
+            checkpoint_every=checkpoint_every,
             transform_data=transform(config) if transform else None)
-        print(f"{progress}: final accuracy "
-              f"{100 * summary['final_accuracy']:.2f} "
-              f"({summary['seconds']:.0f} s)", flush=True)
+        durations.append(time.perf_counter() - t0)
+        left = len(jobs) - k
+        elapsed = progress.format_duration(time.perf_counter() - start)
+        estimate = progress.format_duration(left * np.mean(durations))
+        log(f"{prefix}: done ({durations[-1]:.0f} s); {k}/{len(jobs)} runs "
+            f"in {elapsed}" + (
+                f", about {estimate} left for {left} more (at the mean of "
+                f"the {len(durations)} run(s) so far)" if left else ""))
       rows.append({"cell": name, "seed": seed, **cell,
                    "final_accuracy": summary["final_accuracy"],
                    "best_accuracy": summary["best_accuracy"],

@@ -15,27 +15,46 @@ and an interrupted one continues (``sweep.finished_run``), so an interrupted
 table resumes; a directory holding cells of another configuration is
 refused.
 The runs go to ``--output_dir`` (default ``runs/table2``), each with its
-resolved ``config.json``. The tables go to ``--results_dir`` (default
-``results``), per dataset: ``<results_dir>/<dataset>/table2.csv``, one row
-per run (``method``, ``seed``, ``final_accuracy`` and ``best_accuracy`` in %,
-``seconds``), and ``table2.md``: the configuration the runs share and each
-method's own hyper-parameters, then per method the mean ± std ACROSS SEEDS
-of the final test-client accuracy next to the paper's Table II (whose ± is
-across its 5 runs), then every run.
+resolved ``config.json``; each run's progress lines are printed with its
+place in the table, and the table's time left after each run.
+
+Every run is scored on its test-split clients where the dataset has a test
+split (many held-out clients drawn from it under the same protocol, the
+same for every method of a seed: ``--eval.test_clients``), and on the
+protocol's own held-out clients. The tables go to ``--results_dir``
+(default ``results``), per dataset, in ``<results_dir>/<dataset>/``:
+
+* ``table2.md``: the configuration the runs share and each method's own
+  hyper-parameters; per method the mean over seeds of the final accuracy
+  with its 95% interval across seeds, the paired difference to AugFL w/ PM
+  (same seed, same clients) with its interval across seeds, the held-out
+  clients' accuracy, and the paper's Table II; the PM's effect (AugFL w/
+  PM minus w/o PM, paired) over seeds and per seed; then every run with
+  its intervals across clients (``experiments.scores`` defines them all);
+* ``table2.csv``: the same figures, in %: one row per run (``seed`` a
+  number, intervals across clients), per method (``seed`` "all",
+  intervals across seeds) and for the PM's effect (``method``
+  ``pm_effect``); ``scored_on`` says whether the accuracy is the
+  test-split clients' or the held-out clients';
+* ``table2.json``: the configuration the table is of. A table of another
+  configuration (other fields, or seeds or methods it lacks) is never
+  overwritten: the command stops before any run unless
+  ``--replace_results`` is given.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 from typing import Any
 
 from absl import flags
 import numpy as np
 
-from augfl_jax import fields, training
+from augfl_jax import fields, intervals, training
 from experiments import flags as run_flags
-from experiments import sweep
+from experiments import curves, scores, sweep
 
 # Table II's columns, then the two other methods of this library.
 METHODS = {
@@ -86,7 +105,9 @@ def define_flags() -> None:
   sweep.define_command_flags()
   flags.DEFINE_list("datasets", ["digits"], "datasets (rows of the table)")
   flags.DEFINE_string("results_dir", "results", "the tables go to "
-                      "<results_dir>/<dataset>/table2.{md,csv}")
+                      "<results_dir>/<dataset>/table2.{md,csv,json}")
+  flags.DEFINE_bool("replace_results", False, "replace a table of another "
+                    "configuration in --results_dir (refused otherwise)")
   flags.DEFINE_list("methods", list(METHODS), "methods (columns): " +
                     ", ".join(METHODS))
   sweep.define_seeds_flag()
@@ -101,24 +122,54 @@ def _method_fields(config: training.RunConfig) -> str:
   return f"{section}: {own}; eval.alpha={config.eval.alpha}"
 
 
-def write_table(rows: list[dict[str, Any]], dataset: str,
+def _pct(interval: intervals.Interval | None) -> str:
+  return "–" if interval is None else interval.format()
+
+
+def _csv_row(method: str, seed: str, rounds: int | str,
+             accuracy: intervals.Interval | None,
+             diff: intervals.Interval | None,
+             heldout: intervals.Interval | None, best: str, seconds: str,
+             scored_on: str, interval: str) -> dict[str, str]:
+  ends = lambda i: ("", "", "") if i is None else tuple(
+      "" if np.isnan(v) else f"{100 * v:.2f}" for v in (i.mean, i.low,
+                                                           i.high))
+  a, d, h = ends(accuracy), ends(diff), ends(heldout)
+  return {"method": method, "seed": seed, "rounds": rounds,
+          "scored_on": scored_on, "interval": interval,
+          "accuracy": a[0], "accuracy_ci_low": a[1],
+          "accuracy_ci_high": a[2], "minus_augfl": d[0],
+          "minus_augfl_ci_low": d[1], "minus_augfl_ci_high": d[2],
+          "heldout_accuracy": h[0], "heldout_ci_low": h[1],
+          "heldout_ci_high": h[2], "best_heldout_accuracy": best,
+          "seconds": seconds}
+
+
+def write_table(runs: list[scores.RunScore], dataset: str,
                 methods: list[str], configs: dict[str, training.RunConfig],
-                out: str) -> str:
-  """``out/table2.csv`` (one row per run) and ``out/table2.md`` (module
-  docstring) for one dataset; returns the markdown."""
+                out: str, scored_on: str) -> str:
+  """``out/table2.csv`` and ``out/table2.md`` (module docstring) for one
+  dataset; returns the markdown.
+
+  Args:
+    runs: the finished runs' scores.
+    dataset: the dataset's name.
+    methods: the columns, in order.
+    configs: each method's resolved configuration.
+    out: the directory.
+    scored_on: one line saying what the test-split clients are, or why
+      the runs have none.
+  """
   os.makedirs(out, exist_ok=True)
-  names = ["method", "seed", "final_accuracy", "best_accuracy", "seconds"]
-  with open(os.path.join(out, "table2.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=names)
-    writer.writeheader()
-    for r in rows:
-      writer.writerow({"method": r["method"], "seed": r["seed"],
-                       "final_accuracy": f"{100 * r['final_accuracy']:.2f}",
-                       "best_accuracy": f"{100 * r['best_accuracy']:.2f}",
-                       "seconds": f"{r['seconds']:.1f}"})
+  test_split = scores.uses_test_split(runs)
+  where = "test_split" if test_split else "heldout"
+  reference = "augfl" if any(r.method == "augfl" for r in runs) else None
   first = next(iter(configs.values()))
   paper = PAPER_TABLE2.get(dataset, {})
-  seeds = sorted({r["seed"] for r in rows})
+  seeds = sorted({r.seed for r in runs})
+  heldout_n = sorted({len(r.heldout.count) for r in runs})
+  headline = ("test-split clients" if test_split else
+              "the protocol's held-out clients")
   lines = [f"# Table II on {dataset}", "",
            "Configuration shared by every run: " + ", ".join(
                f"{name}={fields.get(first, name)}"
@@ -126,35 +177,135 @@ def write_table(rows: list[dict[str, Any]], dataset: str,
            "Each method's own hyper-parameters:", ""]
   lines += [f"* {METHODS[m][0]}: {_method_fields(configs[m])}"
             for m in methods]
-  lines += ["", f"Final test-client accuracy (%), mean ± std across seeds "
-            f"{', '.join(map(str, seeds))}; the paper's ± is across its 5 "
-            "runs.", "", "| method | accuracy | seeds | paper (Table II) |",
-            "|---|---|---|---|"]
+  lines += ["", f"Scored on: {scored_on}. Beside them, the protocol's own "
+            f"held-out clients ({'/'.join(map(str, heldout_n))} a run).", "",
+            f"Accuracy (%) after the last round on {headline}. `a [l, h]` "
+            "is an estimate a with its 95% confidence interval. Across "
+            f"seeds ({', '.join(map(str, seeds))}): the mean of the seeds' "
+            "accuracies, Student's t with n - 1 degrees of freedom. Across "
+            "clients (one run): the sample-weighted accuracy over its "
+            "clients, a linearised ratio estimator with a t quantile "
+            "(augfl_jax.intervals). \"minus AugFL w/ PM\" is paired: the "
+            "same seed, the same clients. The paper's ± is the std across "
+            "its 5 runs, not an interval.", ""]
+  lines += ["| method | accuracy, 95% CI across seeds | minus AugFL w/ PM, "
+            "95% CI across seeds | held-out clients, 95% CI across seeds "
+            "| seeds | paper (Table II) |", "|---|---|---|---|---|---|"]
+  rows = []
   for m in methods:
-    acc = [100 * r["final_accuracy"] for r in rows if r["method"] == m]
-    cell = f"{np.mean(acc):.2f} ± {np.std(acc):.2f}" if acc else "–"
-    lines.append(f"| {METHODS[m][0]} | {cell} | {len(acc)} | "
-                 f"{paper.get(m, '–')} |")
-  lines += ["", "Every run:", "",
-            "| method | seed | final accuracy | best accuracy | seconds |",
-            "|---|---|---|---|---|"]
-  lines += [f"| {METHODS[r['method']][0]} | {r['seed']} | "
-            f"{100 * r['final_accuracy']:.2f} | "
-            f"{100 * r['best_accuracy']:.2f} | {r['seconds']:.0f} |"
-            for r in rows]
+    acc = scores.across_seeds(runs, m, test_split)
+    held = scores.across_seeds(runs, m, False)
+    diff = (scores.paired(runs, m, reference, test_split)[1]
+            if reference and m != reference else None)
+    n = sum(r.method == m for r in runs)
+    lines.append(f"| {METHODS[m][0]} | {_pct(acc)} | {_pct(diff)} | "
+                 f"{_pct(held)} | {n} | {paper.get(m, '–')} |")
+    rows.append(_csv_row(m, "all", first.rounds, acc, diff, held, "", "",
+                         where, "seeds"))
+  if reference and "augfl_wo_pm" in methods:
+    per_seed, effect = scores.paired(runs, "augfl", "augfl_wo_pm",
+                                     test_split)
+    if per_seed:
+      lines += ["", "The PM's effect (AugFL w/ PM minus AugFL w/o PM, "
+                f"paired): {_pct(effect)} across seeds; per seed, across "
+                "clients: " + "; ".join(f"seed {seed}: {_pct(d)}"
+                                        for seed, d in per_seed.items())
+                + "."]
+      rows.append(_csv_row("pm_effect", "all", first.rounds, effect, None,
+                           None, "", "", where, "seeds"))
+      rows += [_csv_row("pm_effect", str(seed), first.rounds, d, None, None,
+                        "", "", where, "clients")
+               for seed, d in per_seed.items()]
+  lines += ["", "Every run (95% CI across its clients):", "",
+            "| method | seed | accuracy | minus AugFL w/ PM | held-out "
+            "clients | best held-out | rounds | seconds |",
+            "|---|---|---|---|---|---|---|---|"]
+  for r in runs:
+    same = next((x for x in runs if x.method == reference and
+                 x.seed == r.seed), None)
+    diff = (r.headline(test_split).minus(same.headline(test_split))
+            if same is not None and r.method != reference else None)
+    acc, held = r.headline(test_split).interval, r.heldout.interval
+    lines.append(f"| {METHODS[r.method][0]} | {r.seed} | {_pct(acc)} | "
+                 f"{_pct(diff)} | {_pct(held)} | {100 * r.best_heldout:.2f}"
+                 f" | {r.rounds} | {r.seconds:.0f} |")
+    rows.append(_csv_row(r.method, str(r.seed), r.rounds, acc, diff, held,
+                         f"{100 * r.best_heldout:.2f}", f"{r.seconds:.0f}",
+                         where, "clients"))
+  with open(os.path.join(out, "table2.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
   text = "\n".join(lines) + "\n"
   with open(os.path.join(out, "table2.md"), "w") as f:
     f.write(text)
   return text
 
 
+def _table_key(configs: dict[str, training.RunConfig], seeds: list[int]
+              ) -> dict[str, Any]:
+  """What a table is of: each method's configuration (its own section and
+  the shared fields; not the seed, not where the data are or how the
+  rounds run) and the seeds."""
+  skip = {"seed"} | set(training.RESUMABLE_FIELDS) - {"rounds"}
+  cells = {}
+  for method, config in configs.items():
+    unused = training.config.unused_sections(config.algorithm)
+    flat = curves.flatten({k: v for k, v in fields.to_dict(config).items()
+                           if k not in unused})
+    cells[method] = {k: v for k, v in flat.items() if k not in skip}
+  return {"cells": cells, "seeds": sorted(seeds)}
+
+
+def check_results(directory: str, key: dict[str, Any], replace: bool
+                 ) -> None:
+  """Refuses to overwrite a table of another configuration in
+  ``directory``: the new table must hold every (method, seed) of the old
+  one (``table2.json``), with the same configuration, unless ``replace``.
+
+  Raises:
+    ValueError: one line saying what differs and what to do.
+  """
+  files = [f for f in ("table2.md", "table2.csv")
+           if os.path.exists(os.path.join(directory, f))]
+  if replace or not files:
+    return
+  advice = (f"pass --results_dir=DIR to write the new table elsewhere, or "
+            f"--replace_results to replace it")
+  try:
+    with open(os.path.join(directory, "table2.json")) as f:
+      old = json.load(f)
+    old_cells, old_seeds = old["cells"], old["seeds"]
+  except (OSError, ValueError, KeyError, TypeError):
+    raise ValueError(f"{directory}/{files[0]} holds a table whose "
+                     "configuration is not recorded (no readable "
+                     f"table2.json); {advice}") from None
+  differences = [f"seeds {','.join(map(str, old_seeds))} -> "
+                 f"{','.join(map(str, key['seeds']))}"] if not set(
+                     old_seeds) <= set(key["seeds"]) else []
+  for method, cell in old_cells.items():
+    new = key["cells"].get(method)
+    if new is None:
+      differences.append(f"method {method} missing")
+    elif new != cell:
+      differences += [f"{method} {k}: {cell.get(k)} -> {new.get(k)}"
+                      for k in sorted(set(cell) | set(new))
+                      if cell.get(k) != new.get(k)][:3]
+  if differences:
+    raise ValueError(f"{directory}/{files[0]} holds a table of another "
+                     f"configuration ({'; '.join(differences[:4])}); "
+                     f"{advice}")
+
+
 def run_table(base: training.RunConfig, datasets: list[str],
               methods: list[str], seeds: list[int], out: str,
               checkpoint_every: int = training.CHECKPOINT_EVERY,
-              results_dir: str = "results") -> str:
+              results_dir: str = "results", replace_results: bool = False,
+              log=print) -> str:
   """Runs (or reuses) every (dataset, method, seed) cell under
   ``out/<dataset>/<method>/seed<seed>`` and writes each dataset's tables to
-  ``results_dir/<dataset>/``.
+  ``results_dir/<dataset>/`` (``table2.md``, ``table2.csv`` and
+  ``table2.json``, the configuration they are of).
 
   Args:
     base: the configuration every cell starts from (its ``dataset`` is
@@ -165,34 +316,68 @@ def run_table(base: training.RunConfig, datasets: list[str],
     out: the runs' directory.
     checkpoint_every: as ``training.run``'s.
     results_dir: the tables' root.
+    replace_results: replace a table of another configuration
+      (:func:`check_results`) instead of refusing.
+    log: receives the progress lines (``sweep.run_cells``).
 
   Returns:
     The markdown of every dataset's ``table2.md``.
 
   Raises:
-    ValueError: an unknown method, a bad configuration, or a run directory
-      holding a run of another configuration.
+    ValueError: an unknown method, a bad configuration, a run directory
+      holding a run of another configuration, or a table of another
+      configuration in ``results_dir`` (all before any run).
   """
   unknown = [m for m in methods if m not in METHODS]
   if unknown:
     raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from "
                      f"{', '.join(METHODS)}")
   cells = [METHODS[m][1] for m in methods]
-  configs = {}  # every cell's flags, before any run
+  configs, keys = {}, {}  # every cell's flags, before any run
   for dataset in datasets:
     configs[dataset] = {m: training.validate(fields.replace(
         base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
+    keys[dataset] = _table_key(configs[dataset], seeds)
+    check_results(_results_dir(results_dir, configs[dataset]),
+                  keys[dataset], replace_results)
   texts = []
   for dataset in datasets:
-    name = configs[dataset][methods[0]].dataset.replace("/", "_")
-    rows = [{**row, "method": row["cell"]} for row in sweep.run_cells(
+    directory = _results_dir(results_dir, configs[dataset])
+    rows = sweep.run_cells(
         fields.replace(base, dataset=dataset), cells, seeds,
-        os.path.join(out, name), names=methods,
-        checkpoint_every=checkpoint_every)]
-    texts.append(write_table(rows, configs[dataset][methods[0]].dataset,
-                             methods, configs[dataset],
-                             os.path.join(results_dir, name)))
+        os.path.join(out, os.path.basename(directory)), names=methods,
+        checkpoint_every=checkpoint_every, log=log)
+    runs = [scores.load_run_score(row["run_dir"], row["cell"], row["seed"])
+            for row in rows]
+    texts.append(write_table(runs, configs[dataset][methods[0]].dataset,
+                             methods, configs[dataset], directory,
+                             _scored_on(rows)))
+    with open(os.path.join(directory, "table2.json"), "w") as f:
+      json.dump(keys[dataset], f, indent=1, sort_keys=True)
   return "\n".join(texts)
+
+
+def _results_dir(results_dir: str, configs: dict[str, training.RunConfig]
+                ) -> str:
+  return os.path.join(results_dir, next(iter(
+      configs.values())).dataset.replace("/", "_"))
+
+
+def _scored_on(rows: list[dict[str, Any]]) -> str:
+  """What the runs' ``summary.json`` say of their test-split clients (per
+  seed where the seeds' differ)."""
+  by_seed = {}
+  for row in rows:
+    with open(os.path.join(row["run_dir"], "summary.json")) as f:
+      test_split = json.load(f).get("test_split") or {}
+    by_seed.setdefault(row["seed"], test_split.get("source") or (
+        "the protocol's held-out clients only (test-split scoring off: "
+        f"{test_split.get('off', 'not recorded')})"))
+  if len(set(by_seed.values())) == 1:
+    return (next(iter(by_seed.values())) +
+            ", the same for every method of a seed")
+  return "; ".join(f"seed {seed}: {source}" for seed, source in
+                   by_seed.items()) + " (the same for every method of a seed)"
 
 
 def main(argv):
@@ -206,7 +391,8 @@ def main(argv):
                      FLAGS.methods, sweep.parse_list(FLAGS.seeds, int,
                                                      "seeds"), out,
                      checkpoint_every=FLAGS.checkpoint_every,
-                     results_dir=FLAGS.results_dir)
+                     results_dir=FLAGS.results_dir,
+                     replace_results=FLAGS.replace_results)
 
   print(sweep.run_comparison(body))
   print(f"runs in {out}; tables in {FLAGS.results_dir}/<dataset>/")

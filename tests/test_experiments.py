@@ -26,15 +26,33 @@ def test_run_writes_its_files(tmp_path, algorithm):
   records = [json.loads(line)
              for line in open(tmp_path / "metrics.jsonl").read().splitlines()]
   assert [r["round"] for r in records] == [2, 4]
+  keys = {"round", "mean_train_loss", "accuracy", "accuracy_ci",
+          "accuracy_std", "test_loss", "client_accuracy", "client_count",
+          "seconds"}
+  assert set(records[0]) == keys
+  assert set(records[1]) == keys | {"test_split"}  # after the last round
   for r in records:
-    assert set(r) == {"round", "train_loss", "accuracy", "accuracy_std",
-                      "test_loss", "client_accuracy", "seconds"}
     assert 0.0 <= r["accuracy"] <= 1.0
-    assert len(r["client_accuracy"]) == 8  # digits: 8 held-out clients
+    assert len(r["client_accuracy"]) == len(r["client_count"]) == 8
     assert np.isclose(np.std(r["client_accuracy"]), r["accuracy_std"],
                       atol=1e-6)
+    low, high = r["accuracy_ci"]
+    assert low <= r["accuracy"] <= high
+    correct = np.rint(np.array(r["client_accuracy"]) * r["client_count"])
+    assert np.isclose(correct.sum() / np.sum(r["client_count"]),
+                      r["accuracy"], atol=1e-6)
+  split = records[1]["test_split"]
+  assert split["clients"] == len(split["client_correct"]) == len(
+      split["client_count"]) == training.EvalConfig().test_clients
+  assert np.isclose(np.sum(split["client_correct"]) /
+                    np.sum(split["client_count"]), split["accuracy"])
+  assert split["accuracy_ci"][0] <= split["accuracy"] <= split["accuracy_ci"][1]
   saved = json.load(open(tmp_path / "summary.json"))
   assert saved["final_accuracy"] == summary["final_accuracy"] == records[-1]["accuracy"]
+  assert saved["final_accuracy_ci"] == records[-1]["accuracy_ci"]
+  assert saved["test_split"]["accuracy"] == split["accuracy"]
+  assert saved["test_split"]["round"] == 4
+  assert "left unused" in saved["test_split"]["source"]  # digits
   resolved = json.load(open(tmp_path / "config.json"))
   assert resolved["model"] == "mlp" and resolved["data"]["num_clients"] == 40
   assert resolved["augfl"]["lam"] == 5.0 and resolved["eval"]["alpha"] == (

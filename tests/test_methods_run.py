@@ -40,6 +40,10 @@ def test_every_algorithm_runs_on_the_embedded_datasets(tmp_path, pm_root,
   summary = training.run(config, str(tmp_path), log=lambda s: None,
                          checkpoint_every=0)
   assert 0.0 <= summary["final_accuracy"] <= 1.0
+  if dataset == "digits":  # scored on its test-split clients too
+    assert 0.0 <= summary["test_split"]["accuracy"] <= 1.0
+  else:
+    assert "natural client" in summary["test_split"]["off"]
   saved = json.load(open(tmp_path / "config.json"))
   assert saved["data"]["server_size"] == (
       500 if dataset == "synthetic" and needs_pm else

@@ -47,6 +47,25 @@ def test_server_split_histogram_as_a_run_prints_it(fashion_mnist):
           "6:1021 7:1022 8:990 9:1000") in summary.splitlines()
 
 
+def test_test_split_clients_come_from_the_t10k_files(fashion_mnist):
+  partition = data.make_partition(fashion_mnist, seed=0)
+  clients = data.load_test_split_clients(
+      fashion_mnist, partition, data_dir=None, num_clients=50, M=20, seed=0)
+  assert "t10k-images-idx3-ubyte" in clients.source
+  test = data.load_split("fashion_mnist", data.locate_test_split(
+      "fashion_mnist", data.locate("fashion_mnist")), "test",
+                         like=fashion_mnist)
+  assert test.x.shape == (10000, 28, 28, 1)
+  for i in (0, 49):  # their rows are the test split's rows
+    n = len(clients.query[i])
+    np.testing.assert_array_equal(
+        np.asarray(clients.clients.query["x"][i, :n]),
+        test.x[clients.query[i]])
+    np.testing.assert_array_equal(
+        np.asarray(clients.clients.query["y"][i, :n]),
+        test.y[clients.query[i]])
+
+
 @pytest.mark.slow
 def test_three_rounds_of_fedavg(tmp_path):
   _fashion_mnist_or_skip()
@@ -58,3 +77,9 @@ def test_three_rounds_of_fedavg(tmp_path):
   assert math.isfinite(summary["final_accuracy"])
   assert 0.1 < summary["final_accuracy"] <= 1.0  # above chance
   assert any("IDX files" in line for line in lines)
+  # The test-split clients' interval is far narrower than the protocol's
+  # 10 held-out clients'.
+  split = summary["test_split"]
+  assert split["clients"] == 1000 and "t10k" in split["source"]
+  width = lambda ci: ci[1] - ci[0]
+  assert width(split["accuracy_ci"]) < width(summary["final_accuracy_ci"]) / 3

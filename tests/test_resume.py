@@ -171,8 +171,12 @@ def test_larger_rounds_continue_a_finished_run(tmp_path):
   training.run(base, str(tmp_path / "b"), log=quiet, checkpoint_every=3,
                resume=True)
   assert _steps(tmp_path / "b") == [4, 6]
-  assert _without_seconds(_records(tmp_path / "b")) == _without_seconds(
-      _records(tmp_path / "a"))
+  # The same records, but for the test-split scoring that ended the 4-round
+  # run, which is kept.
+  extended, straight = _records(tmp_path / "b"), _records(tmp_path / "a")
+  assert "test_split" in extended[1] and "test_split" not in straight[1]
+  del extended[1]["test_split"]
+  assert _without_seconds(extended) == _without_seconds(straight)
   _assert_same_state(_state(tmp_path / "a", 6), _state(tmp_path / "b", 6))
   assert json.load(open(tmp_path / "b" / "config.json"))["rounds"] == 6
   # A finished run resumed with the same rounds has nothing to do.
@@ -246,8 +250,14 @@ def test_tensorboard_events_match_metrics(tmp_path):
   for r in records:
     assert events["eval/accuracy"][r["round"]] == pytest.approx(r["accuracy"])
     assert events["eval/loss"][r["round"]] == pytest.approx(r["test_loss"])
-  # train_loss of a record is the mean of the rounds' losses since the last.
-  assert records[0]["train_loss"] == pytest.approx(
+    low, high = r["accuracy_ci"]
+    assert events["eval/accuracy_ci_low"][r["round"]] == pytest.approx(low)
+    assert events["eval/accuracy_ci_high"][r["round"]] == pytest.approx(high)
+  assert events["eval/test_split_accuracy"] == {
+      4: pytest.approx(records[1]["test_split"]["accuracy"])}
+  # mean_train_loss of a record is the mean of the rounds' losses since the
+  # last.
+  assert records[0]["mean_train_loss"] == pytest.approx(
       np.mean([events["train/loss"][1], events["train/loss"][2]]), rel=1e-6)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -19,66 +20,115 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
+def _records(run_dir):
+  return [json.loads(line) for line in open(os.path.join(
+      run_dir, "metrics.jsonl"))]
+
+
 def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
                                                           monkeypatch):
   out, results = str(tmp_path / "table2"), str(tmp_path / "results")
   base = training.RunConfig(rounds=2)
   args = (base, ["digits"], ["fedavg", "augfl_wo_pm"], [0], out)
-  text = table2.run_table(*args, results_dir=results)
-  assert open(os.path.join(results, "digits", "table2.md")).read() == (
-      text + "\n" if not text.endswith("\n") else text)
-  lines = text.splitlines()
-  assert lines[0] == "# Table II on digits"
+  lines = []
+  text = table2.run_table(*args, results_dir=results, log=lines.append)
+  assert open(os.path.join(results, "digits", "table2.md")).read() == text
+  assert any(line.startswith("[2/2] augfl_wo_pm seed 0: round    2/2")
+             for line in lines)  # each cell shows its progress
+  assert any("1/2 runs in" in line and "left for 1 more" in line
+             for line in lines)  # and the table its own
+  assert text.splitlines()[0] == "# Table II on digits"
   assert "Configuration shared by every run: dataset=digits" in text
   assert "data.server_size=400" in text and "rounds=2" in text
   assert "* FedAvg: fedavg: lr=0.05" in text
   assert "* AugFL w/o PM: augfl: alpha=0.03, rho=0.7, lam=0.0" in text
-  summary = [line for line in lines if line.startswith("| FedAvg |")]
-  mean, std = (float(v) for v in summary[0].split(" | ")[1].split("±"))
-  assert 0.0 <= mean <= 100.0 and std == 0.0  # one seed
-  assert summary[0].endswith("| 1 | – |")  # no Table II value for digits
+  assert "left unused (digits has no test split)" in text
+  assert "95% confidence interval" in text and "Student's t" in text
+  summary = [line for line in text.splitlines()
+             if line.startswith("| FedAvg | ")][0].split(" | ")
+  assert "[" not in summary[1]  # one seed: no interval across seeds
+  assert summary[-2:] == ["1", "– |"]  # seeds; no Table II value for digits
   rows = list(csv.DictReader(open(os.path.join(results, "digits",
                                                "table2.csv"))))
-  assert [(r["method"], r["seed"]) for r in rows] == [
-      ("fedavg", "0"), ("augfl_wo_pm", "0")]
-  assert list(rows[0]) == ["method", "seed", "final_accuracy",
-                           "best_accuracy", "seconds"]
-  assert 0.0 <= float(rows[0]["final_accuracy"]) <= 100.0  # in %
-  assert float(rows[0]["seconds"]) > 0
-  assert os.path.exists(os.path.join(out, "digits", "fedavg", "seed0",
-                                     "summary.json"))
+  assert [(r["method"], r["seed"], r["interval"]) for r in rows] == [
+      ("fedavg", "all", "seeds"), ("augfl_wo_pm", "all", "seeds"),
+      ("fedavg", "0", "clients"), ("augfl_wo_pm", "0", "clients")]
+  # A run's row: the test-split accuracy with its interval across clients,
+  # as its metrics.jsonl recorded it.
+  run = _records(os.path.join(out, "digits", "fedavg", "seed0"))[-1]
+  split = run["test_split"]
+  assert rows[2]["scored_on"] == "test_split"
+  assert float(rows[2]["accuracy"]) == pytest.approx(
+      100 * split["accuracy"], abs=0.006)
+  assert float(rows[2]["accuracy_ci_low"]) == pytest.approx(
+      100 * split["accuracy_ci"][0], abs=0.006)
+  assert float(rows[2]["heldout_accuracy"]) == pytest.approx(
+      100 * run["accuracy"], abs=0.006)
+  assert float(rows[2]["seconds"]) > 0
+  assert json.load(open(os.path.join(results, "digits", "table2.json")))[
+      "seeds"] == [0]
 
   def fail(*a, **k):
     raise AssertionError("recomputed a finished cell")
   monkeypatch.setattr(training, "run", fail)
-  assert table2.run_table(*args, results_dir=results) == text
+  assert table2.run_table(*args, results_dir=results,
+                          log=lambda s: None) == text
   # The same directory with another configuration is refused, not reused.
   with pytest.raises(ValueError, match="another configuration") as e:
     table2.run_table(fields.replace(training.RunConfig(rounds=2),
                                     **{"fedavg.lr": 0.5}), *args[1:],
-                     results_dir=results)
+                     results_dir=str(tmp_path / "elsewhere"))
   assert "fedavg.lr: 0.05 -> 0.5" in str(e.value)
+
+
+def test_a_table_of_another_configuration_is_not_overwritten(tmp_path):
+  results = str(tmp_path / "results")
+  table = os.path.join(results, "digits", "table2.md")
+  run = lambda rounds, seeds, **k: table2.run_table(
+      training.RunConfig(rounds=rounds), ["digits"], ["fedavg"], seeds,
+      str(tmp_path / "runs"), results_dir=results, log=lambda s: None, **k)
+  run(1, [0, 1])
+  before = open(table).read()
+  for rounds, seeds, says in ((2, [0, 1], "rounds: 1 -> 2"),
+                              (1, [0], "seeds 0,1 -> 0")):
+    with pytest.raises(ValueError, match="another configuration") as e:
+      run(rounds, seeds)
+    assert says in str(e.value) and "--replace_results" in str(e.value)
+    assert open(table).read() == before  # refused before any run
+  assert not os.path.exists(str(tmp_path / "runs" / "digits" / "fedavg" /
+                                "seed0" / "checkpoints" / "step_2"))
+  run(1, [0, 1, 2])  # more seeds of the same configuration: allowed
+  assert "| FedAvg | 2 | " in open(table).read()
+  os.remove(os.path.join(results, "digits", "table2.json"))
+  with pytest.raises(ValueError, match="not recorded"):
+    run(1, [0, 1, 2])
+  run(2, [0], replace_results=True)  # asked for
+  assert "rounds=2" in open(table).read()
 
 
 def test_more_rounds_continue_the_finished_cells(tmp_path):
   out = str(tmp_path / "table2")
-  lines = []
+  resumed, lines = [], []
   results = str(tmp_path / "results")
   table2.run_table(training.RunConfig(rounds=1), ["digits"], ["fedavg"], [0],
-                   out, results_dir=results)
+                   out, results_dir=results, log=lambda s: None)
   real_run = training.run
 
   def run(*a, **k):
-    lines.append(k["resume"])
+    resumed.append(k["resume"])
     return real_run(*a, **k)
   with pytest.MonkeyPatch.context() as m:
     m.setattr(training, "run", run)
     table2.run_table(training.RunConfig(rounds=2), ["digits"], ["fedavg"],
-                     [0], out, results_dir=results)
-  assert lines == [True]  # resumed from its round-1 checkpoint
+                     [0], out, results_dir=results, replace_results=True,
+                     log=lines.append)
+  assert resumed == [True]  # resumed from its round-1 checkpoint, saying so
+  assert lines[0].endswith("extending the finished 1-round run in "
+                           f"{out}/digits/fedavg/seed0 to 2 rounds")
   rows = list(csv.DictReader(open(os.path.join(results, "digits",
                                                "table2.csv"))))
-  assert len(rows) == 1
+  assert [r["seed"] for r in rows] == ["all", "0"]
+  assert rows[1]["rounds"] == "2"
 
 
 def test_unknown_method_is_one_line_on_the_cli(tmp_path, compile_cache):

@@ -11,6 +11,8 @@ TensorFlow is only imported when a tfds prepared copy is read.
 
 from __future__ import annotations
 
+import dataclasses
+
 from augfl_jax.data.catalog import ALIASES
 from augfl_jax.data.catalog import DATASETS
 from augfl_jax.data.catalog import DatasetSpec
@@ -35,7 +37,12 @@ from augfl_jax.data.sources import Dataset
 from augfl_jax.data.sources import DatasetUnavailableError
 from augfl_jax.data.sources import available_datasets
 from augfl_jax.data.sources import load_dataset
+from augfl_jax.data.sources import load_split
 from augfl_jax.data.idx import DataFileError
+from augfl_jax.data.test_split import TestSplitClients
+from augfl_jax.data.test_split import TestSplitUnavailable
+from augfl_jax.data.test_split import load_test_split_clients
+from augfl_jax.data.test_split import locate_test_split
 
 __all__ = [
     "ALIASES",
@@ -48,6 +55,8 @@ __all__ = [
     "FederatedData",
     "Location",
     "Partition",
+    "TestSplitClients",
+    "TestSplitUnavailable",
     "available_datasets",
     "build_federated",
     "canonical_name",
@@ -57,7 +66,10 @@ __all__ = [
     "dirichlet_partition",
     "load_dataset",
     "load_federated",
+    "load_split",
+    "load_test_split_clients",
     "locate",
+    "locate_test_split",
     "make_partition",
     "natural_partition",
     "num_train_clients",
@@ -134,6 +146,7 @@ def load_federated(
     data_dir: str | None = None,
     synthetic_alpha: float = 1.0,
     synthetic_beta: float = 1.0,
+    test_clients: int = 0,
 ) -> FederatedData:
   """Loads a dataset, partitions it and builds the padded client arrays.
 
@@ -158,12 +171,16 @@ def load_federated(
       prepared copy; never downloads), see :func:`locate`.
     synthetic_alpha: alpha of Synthetic(alpha, beta).
     synthetic_beta: beta of Synthetic(alpha, beta).
+    test_clients: when > 0, also draw that many held-out clients from the
+      dataset's test split under the same protocol
+      (:func:`load_test_split_clients`) into ``test_split``.
 
   Returns:
     The :class:`FederatedData`.
 
   Raises:
     ValueError: an unknown dataset or partition, or bad sizes.
+    TestSplitUnavailable: ``test_clients > 0`` and no test split.
     DatasetUnavailableError: the dataset's files are not on this machine.
     DataFileError: a dataset file that is truncated, corrupt or mismatched.
   """
@@ -184,4 +201,11 @@ def load_federated(
       partition=partition, dirichlet_alpha=dirichlet_alpha,
       train_fraction=train_fraction, support_fraction=support_fraction,
       seed=seed)
-  return build_federated(dataset, part)
+  fed = build_federated(dataset, part)
+  if test_clients:
+    fed = dataclasses.replace(fed, test_split=load_test_split_clients(
+        dataset, part, data_dir=data_dir, num_clients=test_clients, M=M,
+        classes_per_client=classes_per_client,
+        support_fraction=support_fraction, seed=seed,
+        partition_kind=partition, dirichlet_alpha=dirichlet_alpha))
+  return fed

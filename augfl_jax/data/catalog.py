@@ -32,6 +32,7 @@ __all__ = [
 
 ENV_VAR = "AUGFL_JAX_DATA_DIR"
 _MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
+_MNIST_TEST_FILES = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 class DatasetUnavailableError(RuntimeError):
@@ -49,6 +50,9 @@ class DatasetSpec:
     server_size: the paper's server split (the first n training examples).
     idx_files: the train split's IDX ``(images, labels)`` file names, each
       found raw or with ``.gz``; ``None`` for a dataset without IDX files.
+    test_idx_files: the official test split's IDX file names, looked for
+      beside the train files (never used for training; held-out clients
+      are drawn from it to score a run, :mod:`augfl_jax.data.test_split`).
     label_offset: subtracted from stored labels (EMNIST letters: 1..26).
     tfds_name: the tfds name of a prepared copy, ``None`` if none is read.
     subdirs: sub-directories of a search root that may hold the IDX files.
@@ -61,6 +65,7 @@ class DatasetSpec:
   num_clients: int
   server_size: int
   idx_files: tuple[str, str] | None = None
+  test_idx_files: tuple[str, str] | None = None
   label_offset: int = 0
   tfds_name: str | None = None
   subdirs: tuple[str, ...] = ()
@@ -80,6 +85,8 @@ def _emnist(split: str, num_classes: int, num_clients: int,
       name=f"emnist/{split}", num_classes=num_classes,
       num_clients=num_clients, server_size=10000,
       idx_files=(prefix + _MNIST_FILES[0], prefix + _MNIST_FILES[1]),
+      test_idx_files=(prefix + "test-images-idx3-ubyte",
+                      prefix + "test-labels-idx1-ubyte"),
       label_offset=label_offset, tfds_name=f"emnist/{split}",
       subdirs=("emnist", "gzip", os.path.join("emnist", "gzip")),
       how_to_get=(
@@ -92,7 +99,8 @@ def _emnist(split: str, num_classes: int, num_clients: int,
 _DATASETS = (
     DatasetSpec(
         name="fashion_mnist", num_classes=10, num_clients=50,
-        server_size=10000, idx_files=_MNIST_FILES, tfds_name="fashion_mnist",
+        server_size=10000, idx_files=_MNIST_FILES,
+        test_idx_files=_MNIST_TEST_FILES, tfds_name="fashion_mnist",
         subdirs=("fashion_mnist", "fashion-mnist"),
         system_dirs=("/usr/share/datasets/fashion-mnist",),
         how_to_get=(
@@ -102,13 +110,15 @@ _DATASETS = (
             "and pass --data.data_dir=DIR")),
     DatasetSpec(
         name="mnist", num_classes=10, num_clients=50, server_size=10000,
-        idx_files=_MNIST_FILES, tfds_name="mnist", subdirs=("mnist",),
+        idx_files=_MNIST_FILES, test_idx_files=_MNIST_TEST_FILES,
+        tfds_name="mnist", subdirs=("mnist",),
         how_to_get=("put the MNIST train IDX files (the original "
                     "distribution) in a directory and pass "
                     "--data.data_dir=DIR")),
     DatasetSpec(
         name="kmnist", num_classes=10, num_clients=50, server_size=10000,
-        idx_files=_MNIST_FILES, tfds_name="kmnist", subdirs=("kmnist",),
+        idx_files=_MNIST_FILES, test_idx_files=_MNIST_TEST_FILES,
+        tfds_name="kmnist", subdirs=("kmnist",),
         how_to_get=("put the KMNIST train IDX files of "
                     "https://github.com/rois-codh/kmnist in a directory and "
                     "pass --data.data_dir=DIR")),
@@ -178,11 +188,15 @@ class Location:
     return "embedded"
 
 
-def _find_idx(spec_: DatasetSpec, directory: str) -> Location | None:
-  """The IDX pair in ``directory`` (raw preferred to ``.gz``), ``None`` when
-  neither file is there. Half a pair raises ``DatasetUnavailableError``."""
+def find_idx(spec_: DatasetSpec, directory: str,
+             names: tuple[str, str] | None = None) -> Location | None:
+  """The IDX pair ``names`` (default: the train split's,
+  ``spec_.idx_files``) in ``directory``, raw preferred to ``.gz``; ``None``
+  when neither file is there. Half a pair raises
+  ``DatasetUnavailableError``."""
+  names = names or spec_.idx_files
   found = []
-  for name in spec_.idx_files:
+  for name in names:
     paths = [p for p in (os.path.join(directory, name),
                          os.path.join(directory, name + ".gz"))
              if os.path.isfile(p)]
@@ -190,8 +204,8 @@ def _find_idx(spec_: DatasetSpec, directory: str) -> Location | None:
   if found == [None, None]:
     return None
   if None in found:
-    have, missing = ((found[0], spec_.idx_files[1]) if found[1] is None
-                     else (found[1], spec_.idx_files[0]))
+    have, missing = ((found[0], names[1]) if found[1] is None
+                     else (found[1], names[0]))
     raise DatasetUnavailableError(
         f"dataset {spec_.name!r}: {have} is there but not {missing}[.gz] "
         f"beside it in {directory}; the images and the labels file go "
@@ -199,12 +213,13 @@ def _find_idx(spec_: DatasetSpec, directory: str) -> Location | None:
   return Location("idx", directory, tuple(found))
 
 
-def _has_tfds_copy(spec_: DatasetSpec, root: str) -> bool:
-  """Whether ``root/<tfds_name>/<version>/`` holds a prepared train split
-  (its ``dataset_info.json`` and train shards)."""
+def has_tfds_copy(spec_: DatasetSpec, root: str, split: str = "train"
+                 ) -> bool:
+  """Whether ``root/<tfds_name>/<version>/`` holds a prepared ``split``
+  (its ``dataset_info.json`` and the split's shards)."""
   for version_dir in glob.glob(os.path.join(root, spec_.tfds_name, "*")):
     if (os.path.isfile(os.path.join(version_dir, "dataset_info.json")) and
-        glob.glob(os.path.join(version_dir, "*-train.*"))):
+        glob.glob(os.path.join(version_dir, f"*-{split}.*"))):
       return True
   return False
 
@@ -240,7 +255,7 @@ def locate(name: str, data_dir: str | None = None) -> Location:
     if label == "system":
       for directory in spec_.system_dirs:
         searched.append(directory)
-        if spec_.idx_files and (loc := _find_idx(spec_, directory)):
+        if spec_.idx_files and (loc := find_idx(spec_, directory)):
           return loc
       continue
     if root is None:
@@ -250,11 +265,11 @@ def locate(name: str, data_dir: str | None = None) -> Location:
     if label != "tfds default" and spec_.idx_files:
       for directory in [root] + [os.path.join(root, s) for s in spec_.subdirs]:
         searched.append(directory)
-        if os.path.isdir(directory) and (loc := _find_idx(spec_, directory)):
+        if os.path.isdir(directory) and (loc := find_idx(spec_, directory)):
           return loc
     if spec_.tfds_name:
       searched.append(os.path.join(root, spec_.tfds_name, "<version>"))
-      if _has_tfds_copy(spec_, root):
+      if has_tfds_copy(spec_, root):
         return Location("tfds", root)
   expected = " and ".join(f"{f}[.gz]" for f in spec_.idx_files or ())
   expected = (f"the IDX files {expected} or a tfds prepared copy"

@@ -33,9 +33,10 @@ def digits_dataset() -> Dataset:
   perm = np.random.default_rng(_DIGITS_SHUFFLE_SEED).permutation(
       raw.images.shape[0])
   x = (raw.images[perm].astype(np.float32) / 16.0)[..., None]
-  standardise(x)
+  statistics = standardise(x)
   y = raw.target[perm].astype(np.int32)
-  return Dataset(name="digits", x=x, y=y, num_classes=10)
+  return Dataset(name="digits", x=x, y=y, num_classes=10,
+                 standardisation=statistics)
 
 
 def synthetic_dataset(

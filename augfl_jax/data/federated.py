@@ -9,7 +9,7 @@ in the library is a masked mean, so padding changes nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +150,10 @@ class FederatedData:
     input_shape: shape of one example, e.g. ``(8, 8, 1)``.
     partition: the index-level partition the arrays were built from.
     dataset_name: name of the source dataset.
+    test_split: many more held-out clients, drawn from the dataset's test
+      split (:mod:`augfl_jax.data.test_split`), or ``None``.
+    test_split_off: why ``test_split`` is ``None`` (empty when it is not,
+      or when it was not asked for).
   """
 
   train: ClientData
@@ -159,6 +163,8 @@ class FederatedData:
   input_shape: tuple[int, ...]
   partition: Partition
   dataset_name: str
+  test_split: Any = None  # test_split.TestSplitClients | None
+  test_split_off: str = ""
 
 
 def build_federated(dataset: Dataset, partition: Partition) -> FederatedData:

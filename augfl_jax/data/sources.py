@@ -32,6 +32,7 @@ __all__ = [
     "DatasetUnavailableError",
     "available_datasets",
     "load_dataset",
+    "load_split",
 ]
 
 # Protocol defaults per dataset (§VI-A): number of clients N and the size of
@@ -89,24 +90,47 @@ def load_dataset(
     return embedded.synthetic_dataset(
         alpha=synthetic_alpha, beta=synthetic_beta,
         num_clients=synthetic_clients, seed=seed)
-  location = catalog.locate(spec.name, data_dir)
+  return _read(spec, catalog.locate(spec.name, data_dir), "train", None)
+
+
+def load_split(name: str, location: catalog.Location, split: str,
+               like: Dataset | None = None) -> Dataset:
+  """One split of a dataset with files, from where it was found.
+
+  Args:
+    name: the dataset's name.
+    location: where its files are (:func:`catalog.locate`, or a test
+      split's location).
+    split: ``"train"`` or ``"test"`` (for the tfds copy's split).
+    like: standardise with this dataset's statistics (a test split with
+      its train split's); ``None``: with the split's own.
+
+  Returns:
+    The :class:`Dataset`, in the files' order.
+  """
+  statistics = None if like is None else like.standardisation
+  return _read(catalog.spec(name), location, split, statistics)
+
+
+def _read(spec: catalog.DatasetSpec, location: catalog.Location, split: str,
+          statistics) -> Dataset:
   if location.kind == "idx":
     images, y = idx.read_images_and_labels(
         *location.files, num_classes=spec.num_classes,
         label_offset=spec.label_offset)
   else:
-    images, y = _read_tfds(spec, location.path)
+    images, y = _read_tfds(spec, location.path, split)
   x = images.astype(np.float32)
   del images
   x /= 255.0
-  standardise(x)
+  statistics = standardise(x, statistics)
   return Dataset(name=spec.name, x=x, y=y, num_classes=spec.num_classes,
-                 source=location.describe())
+                 source=location.describe(), standardisation=statistics)
 
 
-def _read_tfds(spec: catalog.DatasetSpec,
-               data_dir: str) -> tuple[np.ndarray, np.ndarray]:
-  """A tfds prepared copy's train split in its stored order, offline only:
+def _read_tfds(spec: catalog.DatasetSpec, data_dir: str, split: str = "train"
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """A tfds prepared copy's ``split`` in its stored order, offline only:
   ``(images [n, H, W, C] uint8, labels [n] int32)``."""
   # Lazy: TF/TFDS cost seconds to import and no other source needs them.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -116,7 +140,7 @@ def _read_tfds(spec: catalog.DatasetSpec,
   tf.config.set_visible_devices([], "GPU")
   try:
     ds, info = tfds.load(
-        spec.tfds_name, split="train", data_dir=data_dir, download=False,
+        spec.tfds_name, split=split, data_dir=data_dir, download=False,
         try_gcs=False, shuffle_files=False, as_supervised=True,
         with_info=True)
   except AssertionError as e:

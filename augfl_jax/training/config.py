@@ -108,6 +108,18 @@ class EvalConfig:
   steps: int = field(
       1, "SGD steps on a held-out client's support set before it is scored "
       "on its query set")
+  test_split: str = field(
+      "auto", "also score the run on many held-out clients drawn from the "
+      "dataset's official test split under the run's partition protocol "
+      "(digits: from the examples the partition left unused): auto (where "
+      "there is one, saying so where there is none), on (a run without one "
+      "stops before any work) or off", choices=("auto", "on", "off"))
+  test_clients: int = field(
+      1000, "how many test-split clients (the same for every method and "
+      "configuration of a seed)")
+  test_split_every: int = field(
+      0, "also score the test-split clients every this many rounds (0: only "
+      "after the last round)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +208,8 @@ SECTIONS = {"augfl": "augfl", "kt_only": "augfl", "fedavg": "fedavg",
 # more rounds continue training; the others only lay out the same
 # computation or say where the files are).
 RESUMABLE_FIELDS = ("rounds", "eval_every", "data.data_dir", "strategy",
-                    "chunk_size", "conv_impl", "crd.loop")
+                    "chunk_size", "conv_impl", "crd.loop",
+                    "eval.test_split_every")
 # Step sizes: a resumed run may change those it names in ``resume_changes``
 # (``--resume_changes``), e.g. after a non-finite round; the change is
 # recorded in ``changes.jsonl`` and the log. They change the maths from the

@@ -207,6 +207,12 @@ def validate(config: RunConfig) -> RunConfig:
        f"--eval.alpha must be > 0, got {config.eval.alpha}"),
       (config.eval.steps >= 0,
        f"--eval.steps must be >= 0, got {config.eval.steps}"),
+      (config.eval.test_split_every >= 0, "--eval.test_split_every must "
+       f"be >= 0 (0: after the last round), got "
+       f"{config.eval.test_split_every}"),
+      (config.eval.test_clients >= 1 or config.eval.test_split == "off",
+       f"--eval.test_clients must be >= 1, got {config.eval.test_clients} "
+       "(--eval.test_split=off scores no test-split clients)"),
       (config.strategy in clients.STRATEGIES,
        f"unknown --strategy {config.strategy!r}; choose auto or one of "
        f"{', '.join(clients.STRATEGIES)}"),
@@ -232,6 +238,13 @@ def validate(config: RunConfig) -> RunConfig:
                  config.conv_impl)
   clients.ClientStrategy(config.strategy, config.chunk_size or None)
   location = data.locate(config.dataset, config.data.data_dir)
+  if config.eval.test_split == "on":
+    try:
+      data.locate_test_split(config.dataset, location)
+    except data.TestSplitUnavailable as e:
+      raise ValueError(f"--eval.test_split=on: {e}; pass "
+                       "--eval.test_split=auto or off to run without "
+                       "it") from None
   if location.kind != "embedded":  # record where the files are
     config = fields.replace(config, **{"data.data_dir": location.path})
   return config

@@ -6,6 +6,7 @@ signal or a non-finite value, and the summary at the end.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from augfl_jax import fields
+from augfl_jax import evaluation, fields, intervals
 from augfl_jax.progress import Progress
 from augfl_jax.training import presets
 from augfl_jax.training import resume as resuming
@@ -39,7 +40,15 @@ def sample_participants(seed: int, round_: int, num_clients: int,
 
 
 def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
-  return {k: float(v) for k, v in metrics.items() if np.ndim(v) == 0}
+  return {k: float(v) for k, v in metrics.items()
+          if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype,
+                                               np.number)}
+
+
+def _finite(values: dict[str, float]) -> dict[str, float]:
+  """The entries with a finite value (an interval of one client has
+  none)."""
+  return {k: v for k, v in values.items() if np.isfinite(v)}
 
 
 def committed(state: Any) -> Any:
@@ -108,32 +117,76 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
         f" Continue it with --resume {advice}; or check those clients' "
         "data")
 
+  heldout_counts = evaluation.query_counts(fed.test)
+
+  def test_split_record(r: int) -> tuple[dict[str, Any], str]:
+    """Scores the test-split clients after round ``r``: their record and
+    the log line's end."""
+    t0 = time.perf_counter()
+    ev = evaluation.score_in_chunks(algo.evaluate, state,
+                                    fed.test_split.clients)
+    if not all(np.isfinite(ev[k]) for k in ("accuracy", "loss")):
+      stop_nonfinite(r, f"round {r}: non-finite evaluation of the "
+                     "test-split clients (loss = {ev['loss']})",
+                     ("eval.alpha",))
+    interval = ev["accuracy_interval"]
+    events.scalars(_finite({"test_split_accuracy": ev["accuracy"],
+                            "test_split_accuracy_ci_low": interval.low,
+                            "test_split_accuracy_ci_high": interval.high}),
+                   r, "eval/")
+    record = {"accuracy": ev["accuracy"], "accuracy_ci": interval.to_json(),
+              "accuracy_std": ev["accuracy_std"], "test_loss": ev["loss"],
+              "clients": int(len(ev["client_count"])),
+              "client_correct": ev["client_correct"].tolist(),
+              "client_count": ev["client_count"].tolist()}
+    return record, (f"; test-split accuracy {interval.format()} (95% CI "
+                    f"across {record['clients']} clients, "
+                    f"{time.perf_counter() - t0:.1f} s)")
+
   def evaluate(r: int, metrics_file) -> str:
-    """Scores the held-out clients after round ``r``: a record in
-    ``history``, ``metrics.jsonl`` and the events; the log line's end."""
+    """Scores the held-out clients after round ``r`` (and the test-split
+    clients after the last round and every ``eval.test_split_every``): a
+    record in ``history``, ``metrics.jsonl`` and the events; the log
+    line's end."""
     nonlocal train_losses
-    ev_all = jax.device_get(algo.evaluate(state, fed.test))
+    ev_all = evaluation.with_interval(
+        jax.device_get(algo.evaluate(state, fed.test)), heldout_counts)
     ev = _scalars(ev_all)
     if not all(np.isfinite(v) for v in ev.values()):
       stop_nonfinite(r, f"round {r}: non-finite evaluation of the "
                      "held-out clients (" + ", ".join(
                          f"{k} = {v}" for k, v in ev.items()
                          if not np.isfinite(v)) + ")", ("eval.alpha",))
-    record = {"round": r, "train_loss": float(np.mean(train_losses)),
+    interval = ev_all["accuracy_interval"]
+    since = history[-1]["round"] if history else 0
+    record = {"round": r,
+              "mean_train_loss": float(np.mean(train_losses)),
               "accuracy": ev["accuracy"],
+              "accuracy_ci": interval.to_json(),
               "accuracy_std": ev["accuracy_std"],
               "test_loss": ev["loss"],
               "client_accuracy": [
                   float(a) for a in ev_all["client_accuracy"]],
-              "seconds": offset + time.perf_counter() - start}
+              "client_count": heldout_counts.tolist()}
+    line = (f" (mean over rounds {since + 1}-{r}: "
+            f"{record['mean_train_loss']:.4f}); test-client accuracy "
+            f"{interval.format()} (95% CI across {len(heldout_counts)} "
+            "clients)")
+    every = config.eval.test_split_every
+    if fed.test_split is not None and (
+        r == config.rounds or every and r % every == 0):
+      record["test_split"], more = test_split_record(r)
+      line += more
+    record["seconds"] = offset + time.perf_counter() - start
     train_losses = []
     history.append(record)
     metrics_file.write(out.record_line(record))
     metrics_file.flush()
-    events.scalars({k: ev[k] for k in ("accuracy", "accuracy_std", "loss")},
-                   r, "eval/")
-    return (f"  test-client accuracy {100 * ev['accuracy']:.2f}"
-            f" ± {100 * ev['accuracy_std']:.2f} (across clients)")
+    events.scalars(_finite(
+        {k: ev[k] for k in ("accuracy", "accuracy_std", "loss")}
+        | {"accuracy_ci_low": interval.low,
+           "accuracy_ci_high": interval.high}), r, "eval/")
+    return line
 
   events = EventWriter(out.file("tb"), None if resumed_from is None
                        else start_round + 1)
@@ -147,6 +200,9 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
           + evaluate(start_round, metrics_file))
     for r in range(start_round + 1, config.rounds + 1):
       t0 = time.perf_counter()
+      if r == start_round + 1:
+        log(f"round {r:4d}/{config.rounds}  compiling the round (its time "
+            "is part of this round's) ...")
       participants = sample_participants(config.seed, r, num_clients,
                                          config.clients_per_round)
       state, metrics, ok, flags = step(state, fed.train, participants)
@@ -162,14 +218,16 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
       progress.step()
       events.scalars(scalars, r, "train/")
       line = f"round {r:4d}/{config.rounds}  train loss {loss:.4f}"
-      evaluating = r % config.eval_every == 0 or r == config.rounds
+      evaluating = (r % config.eval_every == 0 or r == config.rounds or
+                    config.eval.test_split_every and
+                    r % config.eval.test_split_every == 0)
       if evaluating:
         line += evaluate(r, metrics_file)
       done[0] = r
       if (evaluating or r == start_round + 1 or
           time.perf_counter() - last_line >= LOG_SECONDS):
         log(f"{line}  " + (
-            f"{first_round_seconds:.2f} s (compilation included)"
+            f"{first_round_seconds:.2f} s (compiling included)"
             if r == start_round + 1 else progress.describe("round")))
         last_line = time.perf_counter()
       if checkpoint_every and r % checkpoint_every == 0 or r == config.rounds:
@@ -193,8 +251,10 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
       "dataset": config.dataset, "algorithm": config.algorithm,
       "model": config.model, "seed": config.seed, "rounds": config.rounds,
       "final_accuracy": final["accuracy"],
+      "final_accuracy_ci": final.get("accuracy_ci"),
       "final_accuracy_std": final["accuracy_std"],
       "best_accuracy": max(h["accuracy"] for h in history),
+      "test_split": _test_split_summary(fed, history),
       "seconds": offset + session, "first_round_seconds": first_round_seconds,
       "seconds_per_round": ((session - first_round_seconds) /
                             (rounds_done - 1) if rounds_done > 1 else session),
@@ -204,8 +264,38 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
     summary["resume_changes"] = out.read_records("changes.jsonl", log,
                                                  tolerant=True)
   out.write_json("summary.json", summary)
-  log(f"final test-client accuracy {100 * final['accuracy']:.2f} ± "
-      f"{100 * final['accuracy_std']:.2f} across clients after "
-      f"{config.rounds} rounds ({offset + session:.1f} s); results in "
-      f"{out.path}")
+  log(f"final test-client accuracy {_format(final)} after {config.rounds}"
+      f" rounds ({offset + session:.1f} s)" + (
+          f"; test-split accuracy {_format(final['test_split'])}"
+          if "test_split" in final else "")
+      + f"; results in {out.path}")
+  return summary
+
+
+def _format(record: dict[str, Any]) -> str:
+  """``"89.10 [88.30, 89.90] (95% CI across 1000 clients)"`` of a
+  record."""
+  low, high = (math.nan if v is None else v
+               for v in record.get("accuracy_ci") or (None, None))
+  clients = record.get("clients", len(record.get("client_accuracy", ())))
+  return (intervals.Interval(record["accuracy"], low, high, clients).format()
+          + f" (95% CI across {clients} clients)")
+
+
+def _test_split_summary(fed, history: list[dict[str, Any]]
+                       ) -> dict[str, Any]:
+  """``summary.json``'s ``test_split``: where the clients come from and
+  the newest scoring (its round, accuracy, interval, std and loss; the
+  per-client counts are in that round's ``metrics.jsonl`` record);
+  ``{"off": why}`` without one."""
+  if fed.test_split is None:
+    return {"off": fed.test_split_off or "not scored"}
+  summary = {"source": fed.test_split.source,
+             "clients": fed.test_split.num_clients}
+  scored = [h for h in history if "test_split" in h]
+  if scored:
+    newest = scored[-1]["test_split"]
+    summary.update(round=scored[-1]["round"], **{
+        k: newest[k] for k in ("accuracy", "accuracy_ci", "accuracy_std",
+                               "test_loss")})
   return summary

@@ -16,6 +16,7 @@ the one place that acts on it:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -30,7 +31,8 @@ Log = Callable[[str], None]
 
 def load_federated(config: RunConfig) -> tuple[data.FederatedData, str]:
   """The run's federated data and its description (the files read, the
-  partition, the server split's class histogram)."""
+  partition, the server split's class histogram, the test-split clients or
+  why there are none)."""
   d = config.data
   dataset = data.load_dataset(config.dataset, data_dir=d.data_dir,
                               seed=config.seed)
@@ -39,9 +41,26 @@ def load_federated(config: RunConfig) -> tuple[data.FederatedData, str]:
       classes_per_client=d.classes_per_client, server_size=d.server_size,
       partition=d.partition, dirichlet_alpha=d.dirichlet_alpha,
       support_fraction=d.support_fraction, seed=config.seed)
-  return (data.build_federated(dataset, partition),
-          f"dataset {dataset.name}: {dataset.source}\n"
-          + data.describe(partition, dataset.y))
+  fed = data.build_federated(dataset, partition)
+  test_split, off_reason = None, "--eval.test_split=off"
+  if config.eval.test_split != "off":
+    try:
+      test_split = data.load_test_split_clients(
+          dataset, partition, data_dir=d.data_dir,
+          num_clients=config.eval.test_clients, M=d.M,
+          classes_per_client=d.classes_per_client,
+          support_fraction=d.support_fraction, seed=config.seed,
+          partition_kind=d.partition, dirichlet_alpha=d.dirichlet_alpha)
+    except data.TestSplitUnavailable as e:
+      if config.eval.test_split == "on":
+        raise ValueError(f"--eval.test_split=on: {e}") from None
+      off_reason = str(e)
+  fed = dataclasses.replace(fed, test_split=test_split,
+                            test_split_off=off_reason)
+  note = (f"test-split clients: {test_split.source}" if test_split else
+          f"test-split scoring off: {off_reason}")
+  return (fed, f"dataset {dataset.name}: {dataset.source}\n"
+          + data.describe(partition, dataset.y) + "\n" + note)
 
 
 def pm_model(config: RunConfig, num_classes: int):
