@@ -113,7 +113,7 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False
 def text(flag_values: flags.FlagValues, command: str, doc: str | None,
          full: bool = False) -> str:
   """The whole help: ``doc``, then every group of :func:`groups`."""
-  lines = [(doc or "").strip(), ""] if doc else []
+  lines = [doc.strip(), ""] if doc else []
   for title, members in groups(flag_values, command, full):
     lines.append(textwrap.fill(title + ":", WIDTH, subsequent_indent="    "))
     lines.extend(_describe(flag_values[n]) for n in members)
