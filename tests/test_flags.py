@@ -208,6 +208,7 @@ def test_unread_sections_follow_the_pm_role(algorithm):
     assert {"pm", "crd"} <= set(presets.unread_sections(lam0))
 
 
+@pytest.mark.slow
 def test_what_a_run_does_not_read_does_not_change_it(tmp_path):
   """FedAvg with other values in every section it is said not to read
   gives the same numbers, bit for bit."""
