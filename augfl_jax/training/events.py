@@ -49,7 +49,8 @@ class EventWriter:
     os.makedirs(logdir, exist_ok=True)
     name = (f"events.out.tfevents.{int(time.time()):010d}."
             f"{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}")
-    self._file = open(os.path.join(logdir, name), "wb", buffering=0)  # pylint: disable=consider-using-with
+    # pylint: disable-next=consider-using-with
+    self._file = open(os.path.join(logdir, name), "wb", buffering=0)
     self._frame = io.BytesIO()
     self._records = RecordWriter(self._frame)
     self._add(event_pb2.Event(wall_time=time.time(),
