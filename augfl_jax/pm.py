@@ -28,6 +28,7 @@ import jax
 
 from augfl_jax import checkpoint, models
 from augfl_jax.pretrain import PretrainConfig, pretrain
+from augfl_jax.progress import counted
 from augfl_jax.pretrain_recipe import recipe
 from augfl_jax.types import Batch, Params
 
@@ -285,7 +286,7 @@ def get_or_pretrain_pm(
   if not checkpoint.exists(directory):
     log(f"no PM at {directory}: pretraining {model_name} on the "
         f"{server_size} server examples of {dataset_name} for "
-        f"{config.epochs} epochs")
+        f"{counted(config.epochs, 'epoch')}")
     return pretrain_and_save(
         directory, model=model, model_name=model_name,
         dataset_name=dataset_name, server=server, server_size=server_size,
@@ -298,5 +299,5 @@ def get_or_pretrain_pm(
   variables, metadata = load_pm(directory, expected, like=like)
   log(f"reusing the PM at {directory} ({model_name}, held-out accuracy "
       f"{_percent(metadata.get('heldout_accuracy'))}, "
-      f"{metadata.get('epochs')} epochs)")
+      f"{counted(metadata.get('epochs'), 'epoch')})")
   return variables, metadata

@@ -223,6 +223,10 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
           params, stats, opt_state, sums, batches, step)
       loss.block_until_ready()  # the clock follows the computation
       progress.step()
+      if log is not None and (estimate := progress.long_estimate("step")):
+        log(f"pm pretraining will take long: {estimate}; a smaller PM or "
+            "fewer epochs shorten it, e.g. --pm.model=cnn --pm.epochs=10 "
+            "(README, \"Real data\")")
       if (log is not None and step + 1 < steps_per_epoch and
           time.perf_counter() - last_line >= log_seconds):
         log(f"pm epoch {epoch:4d}/{config.epochs}  step {step + 1}/"

@@ -7,6 +7,11 @@ over the steps after it; until a second step is done there is no estimate::
   ...after each round...
   progress.step()
   log(f"round {r}/300  {progress.describe('round')}")   # 3.61 s/round, 17m58s left
+  if (estimate := progress.long_estimate("round")):     # once, over an hour
+    log(f"the rounds will take long: {estimate}")
+
+Counts in messages read ``counted(1, "epoch")`` -> ``1 epoch``,
+``counted(3, "round")`` -> ``3 rounds``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-__all__ = ["Progress", "format_duration"]
+__all__ = ["LONG_SECONDS", "Progress", "counted", "format_duration"]
+
+# An estimated time left above this is said once, as soon as it is known.
+LONG_SECONDS = 3600.0
 
 
 def format_duration(seconds: float) -> str:
@@ -27,6 +35,11 @@ def format_duration(seconds: float) -> str:
   if s < 86400:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
   return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def counted(n: int, noun: str) -> str:
+  """``1 epoch``, ``0 epochs``, ``2 epochs`` (a regular plural)."""
+  return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 class Progress:
@@ -43,6 +56,7 @@ class Progress:
     self.total, self.done, self._clock = total, done, clock
     self._first_done_at: float | None = None
     self._timed_steps = 0
+    self._long_said = False
     self.started = clock()
 
   def step(self, count: int = 1) -> None:
@@ -70,8 +84,28 @@ class Progress:
   def describe(self, unit: str) -> str:
     """``"3.61 s/round, 17m58s left"``; only the elapsed time before the
     second step (``"12.3 s so far"``)."""
-    rate = self.seconds_per_step
-    if rate is None:
+    if self.seconds_per_step is None:
       return f"{self._clock() - self.started:.1f} s so far"
-    shown = f"{rate:.3g}" if rate < 100 else f"{rate:.0f}"
-    return f"{shown} s/{unit}, {format_duration(self.seconds_left)} left"
+    return f"{self._rate(unit)}, {format_duration(self.seconds_left)} left"
+
+  def _rate(self, unit: str) -> str:
+    """``"3.61 s/round"`` (once there is a rate)."""
+    rate = self.seconds_per_step
+    return f"{rate:.3g} s/{unit}" if rate < 100 else f"{rate:.0f} s/{unit}"
+
+  def long_estimate(self, unit: str, threshold: float | None = None
+                   ) -> str | None:
+    """Once: the first time the estimated time left is known (after the
+    second step) and exceeds ``threshold`` seconds (default
+    :data:`LONG_SECONDS`), ``"an estimated 2d04h for the 33838 steps left
+    (5.61 s/step, timed after the first)"``; ``None`` at every other call,
+    so a loop may ask after every step."""
+    left = self.seconds_left
+    if self._long_said or left is None:
+      return None
+    self._long_said = True  # the first estimate decides
+    if left <= (LONG_SECONDS if threshold is None else threshold):
+      return None
+    return (f"an estimated {format_duration(left)} for the "
+            f"{counted(self.total - self.done, unit)} left "
+            f"({self._rate(unit)}, timed after the first)")

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from augfl_jax import fields, training
+from augfl_jax.progress import counted
 from experiments import flags as run_flags
 from experiments import plot, sweep
 
@@ -46,7 +47,8 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """This command's flags and the run flags; defined only when it runs, so
   that importing the module defines none."""
-  sweep.define_command_flags()
+  sweep.define_command_flags(
+      "runs/ablation_<study>_<dataset>, a / in the dataset's name as _")
   flags.DEFINE_enum("study", "kt", STUDIES, "which ablation")
   flags.DEFINE_list("lams", [f"{lam:g}" for lam in LAMS],
                     "the lambda study's values of --augfl.lam")
@@ -104,7 +106,7 @@ def run_study(study: str, base: training.RunConfig, seeds: list[int],
   rows = sweep.run_cells(base, cells, seeds, out,
                          checkpoint_every=checkpoint_every)
   sweep.write_tables(rows, out, f"ablation {study} on {base.dataset}, "
-                     f"{base.rounds} rounds")
+                     f"{counted(base.rounds, 'round')}")
   label_by = list(dict.fromkeys(k for cell in cells for k in cell))
   plot.plot_curves(plot.group_curves(plot.find_runs([out]), label_by),
                    os.path.join(out, "curves.png"),

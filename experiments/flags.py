@@ -5,7 +5,10 @@ Every leaf field of the run configuration is a flag named by its dotted path
 annotation, with the help text written next to the field. Presets ship as
 flag files (``experiments/configs/<dataset>.flags``, ``--flagfile=...``).
 A flag that cannot be parsed, or a configuration that cannot work, is one
-line on stderr and exit code 2, before anything is loaded or compiled.
+line on stderr and exit code 2, before anything is loaded or compiled; a
+flag of the names before the configuration had sections (``--lam``,
+``--num_clients``, ...) gets its new name in that line. ``--help`` prints
+the flags grouped by section and exits 0 (``experiments.flag_help``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from absl import logging
 import jax
 
 from augfl_jax import data, fields, training
+from augfl_jax.training import presets
+from experiments import flag_help
 
 FLAGS = flags.FLAGS
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -45,12 +50,18 @@ def define_config_flags(only: tuple[str, ...] | None = None,
     define(name, value, text, flag_values=flag_values)
 
 
-def define_run_control_flags() -> None:
-  """``--output_dir``, ``--checkpoint_every``, ``--resume``,
-  ``--overwrite``, ``--resume_changes`` and the compilation cache's
-  flags."""
-  flags.DEFINE_string("output_dir", None, "where the run writes its files "
-                      "(default runs/<dataset>_<algorithm>_seed<seed>)")
+# experiments.run's default --output_dir (default_output_dir).
+RUN_OUTPUT_DIR = ("runs/<dataset>_<algorithm>_seed<seed>, a / in the "
+                  "dataset's name as _")
+
+
+def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
+                            ) -> None:
+  """``--output_dir`` (its help states ``output_dir_default``, the
+  command's), ``--checkpoint_every``, ``--resume``, ``--overwrite``,
+  ``--resume_changes`` and the compilation cache's flags."""
+  flags.DEFINE_string("output_dir", None, "where the command writes its "
+                      f"files (default {output_dir_default})")
   flags.DEFINE_integer("checkpoint_every", training.CHECKPOINT_EVERY,
                        "save the run state every this many rounds (the "
                        "newest two are kept) and at the end (0: only at the "
@@ -104,6 +115,7 @@ def config_from_flags(flag_values: flags.FlagValues = FLAGS
 
 
 def default_output_dir(config: training.RunConfig) -> str:
+  """:data:`RUN_OUTPUT_DIR` for ``config``."""
   return (f"runs/{data.canonical_name(config.dataset).replace('/', '_')}_"
           f"{config.algorithm}_seed{config.seed}")
 
@@ -166,12 +178,59 @@ def run_command(body: Callable[[], Any]) -> Any:
     sys.exit(2)
 
 
+# Flags of the names before RunConfig had sections (the run's and
+# pretrain_pm's) whose new names do not end in the old one; the others
+# (--lam -> --augfl.lam, --num_clients -> --data.num_clients) are found by
+# their last part (renamed_to).
+RENAMED = {
+    "adapt_steps": ("eval.steps",), "kt_batch_size": ("crd.batch_size",),
+    "kt_loop": ("crd.loop",), "per_fedavg_variant": ("per_fedavg.variant",),
+    "pm_model": ("pm.model",), "pm_epochs": ("pm.epochs",),
+    "pm_kwargs": ("pm.kwargs",), "pm_dir": ("pm.dir",), "pm_norm": ("norm",),
+}
+
+
+def renamed_to(old: str, flag_values: flags.FlagValues = FLAGS
+              ) -> list[str]:
+  """The flags of ``flag_values`` that took the place of the unknown flag
+  ``old``: :data:`RENAMED`, else those whose last dotted part is ``old``,
+  the algorithms' sections first (``alpha`` -> ``augfl.alpha``,
+  ``per_fedavg.alpha``, ``fedbc.alpha``, ``eval.alpha``)."""
+  if old in RENAMED:
+    return [n for n in RENAMED[old] if n in flag_values]
+  algorithm_sections = set(training.config.SECTIONS.values())
+  names = [name for name, *_ in fields.walk(training.RunConfig())
+           if "." in name and name.rpartition(".")[2] == old
+           and name in flag_values]
+  return sorted(names, key=lambda n: n.partition(".")[0]
+                not in algorithm_sections)
+
+
+def _unknown_flag(error: flags.UnrecognizedFlagError) -> str:
+  """``unknown flag --lam; it is now --augfl.lam, or ...``, or absl's
+  message for a flag that never was one."""
+  new = renamed_to(error.flagname)
+  if not new:
+    return str(error).splitlines()[0]
+  others = (", or " + ", ".join(f"--{n}" for n in new[1:]) +
+            " (each section has its own)") if len(new) > 1 else ""
+  return f"unknown flag --{error.flagname}; it is now --{new[0]}{others}"
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a flag that cannot be parsed (``--rounds=1.5``,
-  ``--augfl.rho=abc``, an unknown flag) or an argument that is not a flag
-  (the commands take none) is one line on stderr and exit 2."""
+  ``--augfl.rho=abc``, an unknown flag: :func:`renamed_to`) or an argument
+  that is not a flag (the commands take none) is one line on stderr and
+  exit 2; ``--help`` prints :mod:`experiments.flag_help`'s help and exits
+  0."""
+  kind = flag_help.requested(argv)
+  if kind is not None:
+    flag_help.print_and_exit(FLAGS, kind)
   try:
     rest = FLAGS(argv)
+  except flags.UnrecognizedFlagError as e:
+    print(f"error: {_unknown_flag(e)}", file=sys.stderr)
+    sys.exit(2)
   except flags.Error as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     sys.exit(2)
@@ -180,6 +239,31 @@ def parse_flags(argv: list[str]) -> list[str]:
           "option is a --flag)", file=sys.stderr)
     sys.exit(2)
   return rest
+
+
+def unread_flags_warning(config: training.RunConfig,
+                         flag_values: flags.FlagValues = FLAGS
+                        ) -> str | None:
+  """``"warning: ignored, ..."`` naming the flags given (on the command
+  line or in a flag file) of the sections that the run of the resolved
+  ``config`` never reads (``presets.unread_sections``: ``--augfl.lam`` for
+  FedAvg, ``--pm.*`` without a PM), each with the reason; ``None`` when
+  there are none."""
+  unread = presets.unread_sections(config)
+  reasons = {"pm": "the run has no PM",
+             "crd": "the run has no CRD regulariser"}
+  own = (f"--algorithm={config.algorithm} reads "
+         f"--{training.config.SECTIONS[config.algorithm]}.*")
+  given = {}  # reason -> flags
+  for name, *_ in fields.walk(config):
+    section = name.partition(".")[0]
+    if (section in unread and name in flag_values
+        and flag_values[name].present):
+      given.setdefault(reasons.get(section, own), []).append(f"--{name}")
+  if not given:
+    return None
+  return "warning: ignored, as the run does not read them: " + "; ".join(
+      f"{', '.join(names)} ({reason})" for reason, names in given.items())
 
 
 def main_runner(main: Callable[[list[str]], None]) -> None:

@@ -214,7 +214,7 @@ def write_tables(rows: list[dict[str, Any]], datasets: Sequence[str],
 def define_flags() -> None:
   """This command's flags and the run flags; defined only when it runs, so
   that importing the module defines none."""
-  sweep.define_command_flags()
+  sweep.define_command_flags("runs/ood")
   flags.DEFINE_list("datasets", ["digits"], "image datasets")
   flags.DEFINE_list("algorithms", list(DEFAULT_METHODS),
                     f"methods to compare: any of {', '.join(METHODS)}")

@@ -6,7 +6,7 @@ r"""Pretrains the server's private model (PM) on the server split and saves it.
 
 The PM is the one ``experiments.run`` would use: the flags that decide it are
 the run's own, with the same names and defaults (``--dataset``, ``--norm``,
-``--conv_impl``, ``--seed``, ``--data.data_dir``, ``--data.server_size``,
+``--conv_impl``, ``--data.data_dir``, ``--data.server_size``,
 ``--pm.model``, ``--pm.kwargs``, ``--pm.epochs``, ``--pm.dir``), and they
 are resolved as a run resolves them (``augfl_jax.training.presets``): the
 same model, norm, recipe (``--pm.epochs``, ``--pm.lr``, ``--pm.batch_size``,
@@ -25,6 +25,7 @@ from absl import flags
 from absl import logging
 
 from augfl_jax import data, models, pm, training
+from augfl_jax.progress import counted
 from augfl_jax.training import presets, wiring
 from experiments import flags as run_flags
 
@@ -86,7 +87,7 @@ def pretrain_pm(config: training.RunConfig, log=print) -> tuple[str, dict]:
     raise ValueError(f"--pm.kwargs does not fit {name}: {e}") from None
   server = {"x": dataset.x[server_idx], "y": dataset.y[server_idx]}
   log(f"pretraining {name} on the first {server_size} examples of "
-      f"{run.dataset} for {recipe.epochs} epochs")
+      f"{run.dataset} for {counted(recipe.epochs, 'epoch')}")
   _, metadata = pm.pretrain_and_save(
       pm_dir, model=model, model_name=name, dataset_name=run.dataset,
       server=server, server_size=server_size,

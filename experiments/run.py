@@ -1,7 +1,9 @@
 r"""Runs one federated experiment (``augfl_jax.training.run``).
 
   python -m experiments.run                          # AugFL w/ PM on digits
-  python -m experiments.run --dataset=fashion_mnist  # Debian's IDX files
+  python -m experiments.run --dataset=fashion_mnist --pm.model=cnn \
+      --pm.epochs=10 --rounds=100   # Debian's IDX files, on a CPU
+  python -m experiments.run --dataset=fashion_mnist  # the paper's: a GPU's
   python -m experiments.run --dataset=emnist --data.data_dir=~/emnist/gzip
   python -m experiments.run --algorithm=fedavg --fedavg.lr=0.05 --rounds=100
   python -m experiments.run --flagfile=experiments/configs/fashion_mnist.flags
@@ -10,8 +12,11 @@ r"""Runs one federated experiment (``augfl_jax.training.run``).
 Every flag but the run-control ones (``--output_dir``,
 ``--checkpoint_every``, ``--resume``, ``--overwrite``,
 ``--compilation_cache[_dir]``) is a field of
-``augfl_jax.training.RunConfig``, named by its dotted path. Outputs go to
-``--output_dir`` (default ``runs/<dataset>_<algorithm>_seed<seed>``).
+``augfl_jax.training.RunConfig``, named by its dotted path; flags of a
+section the run does not read (``--augfl.lam`` with
+``--algorithm=fedavg``, ``--pm.*`` without a PM) are named in a warning.
+Outputs go to ``--output_dir`` (default
+``runs/<dataset>_<algorithm>_seed<seed>``).
 Ctrl-C (SIGINT) or SIGTERM finishes the current round, saves a checkpoint
 and exits with 128 + the signal's number, printing the command that resumes
 the run; one that comes before the first round ends the command at once
@@ -83,6 +88,9 @@ def main(argv):
 
   def body():
     config = training.validate(run_flags.config_from_flags())
+    warning = run_flags.unread_flags_warning(config)
+    if warning:
+      print(warning, file=sys.stderr, flush=True)
     return training.run(
         config, FLAGS.output_dir or run_flags.default_output_dir(config),
         log=_log, checkpoint_every=FLAGS.checkpoint_every,

@@ -35,12 +35,13 @@ FLAGS = flags.FLAGS
 Cell = dict[str, Any]  # dotted RunConfig field -> value
 
 
-def define_command_flags() -> None:
-  """The run flags of every comparison command (``--output_dir``, the
-  compilation cache, ``--checkpoint_every`` and every ``RunConfig``
-  field); defined only when a command runs."""
+def define_command_flags(output_dir_default: str) -> None:
+  """The run flags of every comparison command (``--output_dir``, whose
+  help states ``output_dir_default``, the compilation cache,
+  ``--checkpoint_every`` and every ``RunConfig`` field); defined only when
+  a command runs."""
   run_flags.define_config_flags()
-  run_flags.define_run_control_flags()
+  run_flags.define_run_control_flags(output_dir_default)
 
 
 def define_seeds_flag() -> None:
@@ -310,7 +311,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_command_flags()
+  define_command_flags("runs/sweep_<algorithm>")
   flags.DEFINE_string("grid", "", "cells: 'name=v1,v2;name2=w1,w2' over "
                       "dotted RunConfig fields (augfl.rho, eval.alpha, ...)")
   define_seeds_flag()

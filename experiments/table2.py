@@ -102,7 +102,7 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """This command's flags and the run flags; defined only when it runs, so
   that importing the module defines none."""
-  sweep.define_command_flags()
+  sweep.define_command_flags("runs/table2")
   flags.DEFINE_list("datasets", ["digits"], "datasets (rows of the table)")
   flags.DEFINE_string("results_dir", "results", "the tables go to "
                       "<results_dir>/<dataset>/table2.{md,csv,json}")

@@ -117,7 +117,7 @@ def _run_cli(*args):
     (["--conv_impl=fft"], "unknown --conv_impl 'fft'; choose auto or one of"),
     (["--rounds=1.5"], "flag --rounds=1.5"),
     (["--augfl.rho=abc"], "flag --augfl.rho=abc"),
-    (["--lam=0"], "Unknown command line flag 'lam'"),
+    (["--lam=0"], "unknown flag --lam; it is now --augfl.lam"),
     (["extra"], "unexpected arguments: extra"),
 ])
 def test_bad_flags_fail_with_one_clear_line(tmp_path, args, message):
@@ -132,11 +132,15 @@ def test_bad_flags_fail_with_one_clear_line(tmp_path, args, message):
 @pytest.mark.slow
 def test_cli_prints_progress_and_accuracy(tmp_path):
   result = _run_cli("--rounds=2", "--eval_every=1", "--augfl.lam=0",
-                    f"--output_dir={tmp_path}")
+                    "--pm.epochs=3", f"--output_dir={tmp_path}")
   assert result.returncode == 0, result.stderr
   assert "round    1/2" in result.stdout
   assert "test-client accuracy" in result.stdout
   assert os.path.exists(tmp_path / "summary.json")
+  # lam 0: AugFL w/o PM, which reads no --pm.* flag.
+  assert result.stderr.splitlines() == [
+      "warning: ignored, as the run does not read them: --pm.epochs (the "
+      "run has no PM)"]
 
 
 def _run_cli_inspected(*args, env=None):

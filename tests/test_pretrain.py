@@ -367,7 +367,7 @@ def test_cli_pretrains_into_the_default_directory_of_a_run(tmp_path):
     (["--data.server_size=1"], "--data.server_size must be >= 2"),
     (["--dataset=synthetic"], "synthetic has natural clients"),
     (["--pm.lr=x"], "flag --pm.lr=x"),
-    (["--epochs=2"], "Unknown command line flag 'epochs'"),
+    (["--epochs=2"], "unknown flag --epochs; it is now --pm.epochs"),
     (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
 ])
 def test_cli_bad_flags_fail_with_one_line(tmp_path, args, message):

@@ -25,3 +25,31 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, capsys):
   assert 0.5 < without_pm <= 1.0 and 0.5 < with_pm <= 1.0
   assert 0.0 <= run_accuracy <= 1.0
   assert namespace["theta_next"].keys() == namespace["params"].keys()
+
+
+def test_readme_run_commands_parse_and_the_cpu_command_comes_first():
+  """Every ``python -m experiments.run --flag ...`` of the README (not the
+  transcripts of errors, ``$ ...``) takes only flags the command has and
+  values it accepts; "Real data" puts the command that fits a CPU
+  (results/fashion_mnist/'s PM and rounds) before the paper's."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from experiments import flags as run_flags  # pylint: disable=g-import-not-at-top
+  text = open(os.path.join(ROOT, "README.md")).read()
+  lines = "\n".join(l for l in text.splitlines() if not l.startswith("$ "))
+  commands = re.findall(r"python -m experiments\.run((?: --[\w.]+(?:=\S*)?)*)",
+                        lines.replace("`", " "))
+  assert len(commands) >= 6
+  for args in commands:
+    values = flags.FlagValues()
+    run_flags.define_config_flags(flag_values=values)
+    # Raises on a flag the run lacks (--help is the parser's: tested in
+    # test_flags).
+    values(["run"] + [a for a in args.split() if a != "--help"])
+    run_flags.config_from_flags(values)
+  real_data = text[text.index("## Real data"):text.index("## The library")]
+  first = re.search(r"python -m experiments\.run [^\n`]*", real_data)[0]
+  assert first == ("python -m experiments.run --dataset=fashion_mnist "
+                   "--pm.model=cnn --pm.epochs=10 --rounds=100")
+  results = open(os.path.join(ROOT, "results", "fashion_mnist",
+                              "README.md")).read()
+  assert all(flag in results for flag in first.split()[4:])  # PM, rounds

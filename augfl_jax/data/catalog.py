@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import importlib.util
 import os
 
 __all__ = [
@@ -224,6 +225,19 @@ def has_tfds_copy(spec_: DatasetSpec, root: str, split: str = "train"
   return False
 
 
+def _require_tfds(spec_: DatasetSpec, root: str) -> None:
+  """A tfds prepared copy is read with TensorFlow and tensorflow-datasets,
+  the ``tfds`` extra; raises ``DatasetUnavailableError`` without them."""
+  missing = [m for m in ("tensorflow", "tensorflow_datasets")
+             if importlib.util.find_spec(m) is None]
+  if missing:
+    raise DatasetUnavailableError(
+        f"dataset {spec_.name!r}: its tfds prepared copy in {root} is read "
+        f"with TensorFlow and tensorflow-datasets ({', '.join(missing)} not "
+        "installed): install the tfds extra, pip install -e \".[tfds]\" in "
+        "the augfl_jax checkout")
+
+
 def _search_roots(data_dir: str | None) -> list[tuple[str, str | None]]:
   """``(label, directory)`` in search order (directory ``None``: unset)."""
   tfds_default = os.environ.get("TFDS_DATA_DIR") or os.path.join(
@@ -245,7 +259,9 @@ def locate(name: str, data_dir: str | None = None) -> Location:
   Raises:
     ValueError: unknown ``name``.
     DatasetUnavailableError: not found; one line naming the files expected,
-      every place searched and how to get them.
+      every place searched and how to get them. Or a tfds prepared copy
+      found without TensorFlow and tensorflow-datasets installed (the
+      ``tfds`` extra).
   """
   spec_ = spec(name)
   if spec_.embedded:
@@ -270,6 +286,7 @@ def locate(name: str, data_dir: str | None = None) -> Location:
     if spec_.tfds_name:
       searched.append(os.path.join(root, spec_.tfds_name, "<version>"))
       if has_tfds_copy(spec_, root):
+        _require_tfds(spec_, root)
         return Location("tfds", root)
   expected = " and ".join(f"{f}[.gz]" for f in spec_.idx_files or ())
   expected = (f"the IDX files {expected} or a tfds prepared copy"

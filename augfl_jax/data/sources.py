@@ -20,6 +20,8 @@ touches the network.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from augfl_jax.data import catalog, embedded, idx
@@ -133,6 +135,8 @@ def _read_tfds(spec: catalog.DatasetSpec, data_dir: str, split: str = "train"
   """A tfds prepared copy's ``split`` in its stored order, offline only:
   ``(images [n, H, W, C] uint8, labels [n] int32)``."""
   # Lazy: TF/TFDS cost seconds to import and no other source needs them.
+  # Their INFO notices (oneDNN, CPU features) hidden unless asked for.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 

@@ -21,7 +21,8 @@ import jax
 
 from augfl_jax import algorithms, clients, data, models, pm
 from augfl_jax import fields
-from augfl_jax.training.config import AUTO, RunConfig, algorithm_config
+from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
+                                       unused_sections)
 
 # The paper's values where the paper or the reference code gives one.
 PAPER_DEFAULTS = {"norm": "batch", "pm.model": "resnet32x4",
@@ -76,6 +77,17 @@ def pm_role(config: RunConfig) -> str:
                                 config.regularizer == "none"):
     return "none"
   return role
+
+
+def unread_sections(config: RunConfig) -> tuple[str, ...]:
+  """The sections of ``config`` that its run never reads: the other
+  algorithms' (``config.unused_sections``), ``pm`` when the run has no PM
+  (:func:`pm_role` ``"none"``) and ``crd`` unless the PM teaches through
+  CRD."""
+  role = pm_role(config)
+  return tuple(sorted(
+      unused_sections(config.algorithm) + ("pm",) * (role == "none") +
+      ("crd",) * (role != "regularizer" or config.regularizer != "crd")))
 
 
 def server_split_seed(config: RunConfig) -> int:

@@ -1,0 +1,91 @@
+r"""What scoring a run costs, against one of its rounds, timed in one process.
+
+  python -m benchmarks.eval_cost --dataset=fashion_mnist --test_clients=1000
+
+Builds a run as ``experiments.run`` would (``--dataset``, ``--algorithm``,
+``--model``; AugFL without its PM by default, so that no PM is pretrained)
+and times, round-robin, ``--repeats`` times each after a first (compiling)
+call: one training round of every training client, the evaluation of the
+protocol's held-out clients, and the scoring of ``--test_clients``
+test-split clients (``evaluation.score_in_chunks``, as a run does after its
+last round). Prints each median in seconds, each as a multiple of the
+round, and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+from absl import app
+from absl import flags
+import jax
+
+from augfl_jax import evaluation, fields, training
+from augfl_jax.training import rounds, wiring
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags (defined only when it runs)."""
+  flags.DEFINE_string("dataset", "fashion_mnist", "the run's dataset")
+  flags.DEFINE_string("algorithm", "augfl", "the run's algorithm")
+  flags.DEFINE_string("model", None, "client model (default: the dataset's)")
+  flags.DEFINE_integer("test_clients", 1000, "test-split clients scored")
+  flags.DEFINE_integer("repeats", 3, "timed calls of each, after the first")
+
+
+def _timed(fn) -> float:
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start
+
+
+def measure(config: training.RunConfig, repeats: int) -> dict:
+  """Seconds (median of ``repeats``) of a round, the held-out clients'
+  evaluation and the test-split scoring of ``config``'s run."""
+  config = training.validate(config)
+  fed, _ = wiring.load_federated(config)
+  if fed.test_split is None:
+    raise ValueError(f"{config.dataset}: no test split ({fed.test_split_off})")
+  algo, params = wiring.build_algorithm(config, fed, log=lambda s: None)
+  state = rounds.committed(algo.init(params, fed.train.num_clients,
+                                     jax.random.key(0)))
+  work = {
+      "round": lambda: algo.round(state, fed.train)[0],
+      "heldout": lambda: algo.evaluate(state, fed.test)["accuracy"],
+      "test_split": lambda: evaluation.score_in_chunks(
+          algo.evaluate, state, fed.test_split.clients)["accuracy"],
+  }
+  first = {name: _timed(fn) for name, fn in work.items()}  # compiles
+  times = {name: [] for name in work}
+  for _ in range(repeats):
+    for name, fn in work.items():
+      times[name].append(_timed(fn))
+  seconds = {name: statistics.median(t) for name, t in times.items()}
+  return {"seconds": seconds, "first_call_seconds": first,
+          "per_round": {k: v / seconds["round"] for k, v in seconds.items()},
+          "train_clients": fed.train.num_clients,
+          "heldout_clients": fed.test.num_clients,
+          "test_clients": fed.test_split.num_clients,
+          "model": config.model}
+
+
+def main(argv):
+  del argv
+  config = fields.replace(
+      training.RunConfig(dataset=FLAGS.dataset, algorithm=FLAGS.algorithm,
+                         model=FLAGS.model),
+      **{"augfl.lam": 0.0, "eval.test_clients": FLAGS.test_clients})
+  before = os.getloadavg()
+  result = measure(config, FLAGS.repeats)
+  result["load_average"] = {"before": before, "after": os.getloadavg()}
+  print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

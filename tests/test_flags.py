@@ -1,0 +1,227 @@
+"""The commands' flags: old names pointing to the new ones, --help grouped
+by section (exit 0), and the warning for flags the run does not read."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from augfl_jax import fields, training
+from augfl_jax.training import presets
+from experiments import flag_help
+from experiments import flags as run_flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The flags of experiments.run (and pretrain_pm) before RunConfig had
+# sections, from the history of experiments/run.py, experiments/config.py
+# and experiments/pretrain_pm.py (their HELP and RunConfig fields).
+OLD_NAMES = (
+    "M", "adapt_steps", "alpha", "batch_size", "beta", "ce_weight",
+    "classes_per_client", "crd_weight", "data_dir", "dirichlet_alpha",
+    "epochs", "feat_dim", "holdout_fraction", "hvp", "inner_steps",
+    "kd_weight", "kt_batch_size", "kt_loop", "kt_steps", "lam", "lambda_max",
+    "local_epochs", "local_steps", "lr", "lr_gamma", "lr_lambda", "momentum",
+    "nce_k", "num_clients", "partition", "per_fedavg_variant", "pm_dir",
+    "pm_epochs", "pm_kwargs", "pm_model", "pm_norm", "rho", "server_size",
+    "start_from", "uniform_weights", "variant")
+
+
+@pytest.fixture(scope="module")
+def run_flag_values():
+  """experiments.run's flags, in a FlagValues of their own."""
+  values = flags.FlagValues()
+  run_flags.define_config_flags(flag_values=values)
+  return values
+
+
+def test_every_old_flag_name_has_a_new_one(run_flag_values):
+  for old in OLD_NAMES:
+    assert old not in run_flag_values, old
+    new = run_flags.renamed_to(old, run_flag_values)
+    assert new, old
+    for name in new:  # the same quantity: the old name is its last part,
+      assert name in run_flag_values  # or RENAMED says what it became
+      assert (name.rpartition(".")[2] == old or old in run_flags.RENAMED)
+  assert run_flags.renamed_to("lam", run_flag_values) == [
+      "augfl.lam", "fedproto.lam", "fedcp.lam", "fedoa.lam"]
+  assert run_flags.renamed_to("alpha", run_flag_values)[0] == "augfl.alpha"
+  assert run_flags.renamed_to("alpha", run_flag_values)[-1] == "eval.alpha"
+  assert run_flags.renamed_to("adapt_steps", run_flag_values) == [
+      "eval.steps"]
+  assert run_flags.renamed_to("nosuchflag", run_flag_values) == []
+
+
+def _cli(module, *args):
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--lam=1"], "error: unknown flag --lam; it is now --augfl.lam, or "
+     "--fedproto.lam, --fedcp.lam, --fedoa.lam (each section has its own)"),
+    (["--num_clients=10"],
+     "error: unknown flag --num_clients; it is now --data.num_clients"),
+    (["--rho", "0.5"], "error: unknown flag --rho; it is now --augfl.rho"),
+    (["--pm_model=cnn"], "error: unknown flag --pm_model; it is now "
+     "--pm.model"),
+    (["--nosuchflag=1"], "error: Unknown command line flag 'nosuchflag'"),
+])
+def test_an_old_flag_name_gets_its_new_name_in_one_line(tmp_path, args,
+                                                         line):
+  result = _cli("experiments.run", *args, f"--output_dir={tmp_path}")
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines() == [line]
+  assert not os.listdir(tmp_path)
+
+
+def _group_titles(text):
+  """The one-line titles of the groups (a line ending with ":" followed by
+  a flag's line)."""
+  lines = text.splitlines()
+  return [l[:-1] for l, after in zip(lines, lines[1:])
+          if l.endswith(":") and not l.startswith(" ")
+          and after.startswith("  --")]
+
+
+def _described(text):
+  """The flags the help describes, in order."""
+  return [l.split(":")[0].strip()[2:] for l in text.splitlines()
+          if l.startswith("  --")]
+
+
+def test_run_help_groups_every_flag_once_common_first_and_exits_0():
+  result = _cli("experiments.run", "--help")
+  assert result.returncode == 0, result.stderr
+  text = result.stdout
+  assert text.startswith("Runs one federated experiment")
+  titles = _group_titles(text)
+  assert titles[:3] == ["common flags", "other run flags", "run control"]
+  assert "--augfl.*: AugFL and KT-only (Eqs. 7, 10-13); lam 0 is AugFL w/o " \
+      "PM (read by --algorithm=augfl, kt_only)" in " ".join(
+          l.strip() for l in text.splitlines())
+  described = _described(text)
+  assert described[:5] == list(flag_help.COMMON)
+  config_names = [n for n, *_ in fields.walk(training.RunConfig())]
+  assert sorted(described) == sorted(config_names +
+                                     list(flag_help.RUN_CONTROL))
+  # A flag without a default value states its default in its help, as
+  # --output_dir does, the same as the docstring and default_output_dir.
+  assert "(default: None)" not in text
+  joined = " ".join(text.split())
+  assert "``--output_dir`` (default ``runs/<dataset>_<algorithm>_seed<seed>``)" \
+      in joined
+  assert "--output_dir: where the command writes its files (default " \
+      "runs/<dataset>_<algorithm>_seed<seed>, a / in the dataset's name as " \
+      "_)" in joined
+  assert run_flags.default_output_dir(training.RunConfig(
+      dataset="emnist", algorithm="fedavg", seed=3)) == (
+          "runs/emnist_letters_fedavg_seed3")
+  assert all(len(l) <= 80 for l in text.splitlines()
+             if l.startswith("  --"))  # wrapped (words longer stay whole)
+
+
+@pytest.mark.parametrize("module,own,output_dir", [
+    ("experiments.table2", ["datasets", "methods", "results_dir", "seeds"],
+     "runs/table2"),
+    ("experiments.sweep", ["grid", "seeds"], "runs/sweep_<algorithm>"),
+    ("experiments.ablations", ["lams", "seeds", "study"],
+     "runs/ablation_<study>_<dataset>"),
+    ("experiments.ood", ["algorithms", "angles", "clients_per_domain",
+                         "datasets", "examples_per_client", "held_out",
+                         "seeds", "shared_images"], "runs/ood"),
+    ("experiments.pretrain_pm", [], None),
+])
+def test_a_command_help_shows_its_own_flags_then_the_run_flags(
+    module, own, output_dir):
+  result = _cli(module, "--help")
+  assert result.returncode == 0, result.stderr
+  text = result.stdout
+  titles = _group_titles(text)
+  described = _described(text)
+  if own:
+    assert titles[0] == f"the flags of python -m {module}"
+    assert described[:len(own)] == own
+  assert "common flags" in titles and "--pm.*: the pretrained model" in titles
+  assert "dataset" in described and "pm.epochs" in described
+  assert len(described) == len(set(described))
+  joined = " ".join(l.strip() for l in text.splitlines())
+  if output_dir is None:
+    assert "output_dir" not in described
+  else:
+    assert ("--output_dir: where the command writes its files (default "
+            f"{output_dir}") in joined
+    doc = " ".join(text[:text.index("\n" + titles[0] + ":")].split())
+    stated = re.findall(r"``--output_dir`` \(default ``([^`]*)``", doc)
+    assert stated == ([output_dir.split(",")[0]]
+                      if module in ("experiments.table2", "experiments.ood")
+                      else [])  # the docstrings that state it agree
+
+
+def test_helpfull_adds_absl_flags():
+  result = _cli("experiments.run", "--helpfull")
+  assert result.returncode == 0, result.stderr
+  assert "absl.logging's flags" in _group_titles(result.stdout)
+  assert "verbosity" in _described(result.stdout)
+
+
+def _config(values, *args):
+  values.unparse_flags()
+  values(["prog", *args])
+  return training.validate(run_flags.config_from_flags(values))
+
+
+def test_flags_of_sections_the_run_does_not_read_are_named(run_flag_values):
+  values = run_flag_values
+  warning = lambda *args: run_flags.unread_flags_warning(
+      _config(values, *args), values)
+  assert warning("--algorithm=fedavg", "--augfl.lam=1", "--pm.model=cnn",
+                 "--fedbc.lr=0.1", "--crd.nce_k=8", "--fedavg.lr=0.1") == (
+                     "warning: ignored, as the run does not read them: "
+                     "--pm.model (the run has no PM); --crd.nce_k (the run "
+                     "has no CRD regulariser); --augfl.lam, --fedbc.lr "
+                     "(--algorithm=fedavg reads --fedavg.*)")
+  assert warning("--augfl.lam=1", "--pm.epochs=2", "--crd.nce_k=8") is None
+  assert warning("--augfl.lam=0", "--pm.epochs=2") == (
+      "warning: ignored, as the run does not read them: --pm.epochs (the "
+      "run has no PM)")
+  assert warning("--algorithm=fedlp", "--pm.epochs=2") is None
+  assert warning("--algorithm=kt_only", "--augfl.rho=0.5") is None
+
+
+@pytest.mark.parametrize("algorithm", sorted(training.config.SECTIONS))
+def test_unread_sections_follow_the_pm_role(algorithm):
+  config = training.validate(training.RunConfig(algorithm=algorithm))
+  unread = presets.unread_sections(config)
+  own = training.config.SECTIONS[algorithm]
+  assert own not in unread and {"data", "eval"}.isdisjoint(unread)
+  assert set(training.config.SECTIONS.values()) - {own} <= set(unread)
+  role = presets.pm_role(config)
+  assert ("pm" in unread) == (role == "none")
+  assert ("crd" in unread) == (role != "regularizer")
+  lam0 = fields.replace(config, **{"augfl.lam": 0.0})
+  if own == "augfl":
+    assert {"pm", "crd"} <= set(presets.unread_sections(lam0))
+
+
+@pytest.mark.slow
+def test_what_a_run_does_not_read_does_not_change_it(tmp_path):
+  """FedAvg with other values in every section it is said not to read
+  gives the same numbers, bit for bit."""
+  def metrics(name, **changes):
+    config = fields.replace(training.RunConfig(
+        algorithm="fedavg", rounds=2, eval_every=2), **changes)
+    training.run(config, str(tmp_path / name), log=lambda line: None)
+    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+            for line in open(tmp_path / name / "metrics.jsonl")]
+  changed = {"augfl.lam": 0.0, "augfl.alpha": 0.5, "pm.model": "mlp",
+             "pm.epochs": 1, "crd.nce_k": 7, "fedbc.lr": 1.0,
+             "per_fedavg.beta": 0.5, "fedoa.lam": 3.0}
+  assert {n.partition(".")[0] for n in changed} == set(
+      presets.unread_sections(training.validate(training.RunConfig(
+          algorithm="fedavg")))) - {"fedproto", "fedpcl", "fedcp", "fedit"}
+  assert metrics("base") == metrics("changed", **changed)
