@@ -205,7 +205,8 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
         done = _finished_rounds(run_dir) if resume else None
         log(f"{prefix}: " + (
             f"extending the finished {done}-round run in {run_dir} to "
-            f"{config.rounds} rounds" if done is not None else
+            f"{progress.counted(config.rounds, 'round')}" if done is not None
+            else
             f"continuing {run_dir}" if resume else f"running in {run_dir}"))
         t0 = time.perf_counter()
         summary = training.run(

@@ -59,6 +59,11 @@ from experiments import curves, scores, sweep
 # Table II's columns, then the two other methods of this library.
 METHODS = {
     "fedavg": ("FedAvg", {"algorithm": "fedavg"}),
+    # FedAvg as the authors' code runs it (``Client.train_avg``): the support
+    # set only, one full batch, at lr alpha.
+    "fedavg_code": ("FedAvg (authors' code)",
+                    {"algorithm": "fedavg", "fedavg.train_on": "support",
+                     "fedavg.batch_size": 1000, "fedavg.lr": 0.03}),
     "per_fedavg": ("Per-FedAvg", {"algorithm": "per_fedavg"}),
     "fedproto": ("FedProto", {"algorithm": "fedproto"}),
     "fedcp": ("FedCP", {"algorithm": "fedcp"}),

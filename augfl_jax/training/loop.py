@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from augfl_jax import data
+from augfl_jax.progress import counted
 from augfl_jax.training import presets, rounds, wiring
 from augfl_jax.training import resume as resuming
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
@@ -123,7 +124,8 @@ def _train(config, out, checkpoints, log, checkpoint_every, resume,
       out.file("summary.json")):
     try:
       summary = out.read_json("summary.json")
-      log(f"the run in {out.path} has done its {config.rounds} rounds; "
+      log(f"the run in {out.path} has done its "
+          f"{counted(config.rounds, 'round')}; "
           "pass a larger --rounds to continue it")
       return summary
     except OutputDirError:

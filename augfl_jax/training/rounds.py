@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from augfl_jax import evaluation, fields, intervals
-from augfl_jax.progress import Progress
+from augfl_jax.progress import Progress, counted
 from augfl_jax.training import presets
 from augfl_jax.training import resume as resuming
 from augfl_jax.training.config import step_size_fields
@@ -216,6 +216,8 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
         first_round_seconds = time.perf_counter() - t0
       train_losses.append(loss)
       progress.step()
+      if (estimate := progress.long_estimate("round")):
+        log(f"the rounds will take long: {estimate}")
       events.scalars(scalars, r, "train/")
       line = f"round {r:4d}/{config.rounds}  train loss {loss:.4f}"
       evaluating = (r % config.eval_every == 0 or r == config.rounds or
@@ -264,8 +266,8 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
     summary["resume_changes"] = out.read_records("changes.jsonl", log,
                                                  tolerant=True)
   out.write_json("summary.json", summary)
-  log(f"final test-client accuracy {_format(final)} after {config.rounds}"
-      f" rounds ({offset + session:.1f} s)" + (
+  log(f"final test-client accuracy {_format(final)} after "
+      f"{counted(config.rounds, 'round')} ({offset + session:.1f} s)" + (
           f"; test-split accuracy {_format(final['test_split'])}"
           if "test_split" in final else "")
       + f"; results in {out.path}")
