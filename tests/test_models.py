@@ -85,7 +85,7 @@ def _batch(key, n: int, shape: tuple[int, ...], num_classes: int,
 def test_available_models_and_unknown_name():
   assert set(models.available_models()) == {
       "cnn", "mlp", "logreg", "resnet8", "resnet20", "resnet32", "resnet8x4",
-      "resnet32x4"}
+      "resnet32x4", "authors_fmnist_cnn", "authors_cifar_cnn"}
   with pytest.raises(ValueError, match="resnet8x4"):
     models.create_model("resnet9000", 10)
 

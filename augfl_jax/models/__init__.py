@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from augfl_jax.models.authors import (
+    AuthorsCNN, authors_cifar_cnn, authors_fmnist_cnn)
 from augfl_jax.models.cnn import CNN
 from augfl_jax.models.conv import (
     CONV_IMPLS, default_conv_impl, resolve_conv_impl)
@@ -33,8 +35,9 @@ from augfl_jax.models.resnet import (
 from augfl_jax.types import Batch, Params, PRNGKey
 
 __all__ = [
-    "CNN", "MLP", "LogisticRegression", "ResNet", "BasicBlock",
+    "CNN", "MLP", "LogisticRegression", "ResNet", "BasicBlock", "AuthorsCNN",
     "MaskedBatchNorm", "NORMS", "masked_moments", "CONV_MODELS",
+    "NORM_FREE_MODELS", "authors_fmnist_cnn", "authors_cifar_cnn",
     "CONV_IMPLS", "default_conv_impl", "resolve_conv_impl",
     "resnet8", "resnet20", "resnet32", "resnet8x4", "resnet32x4",
     "create_model", "available_models", "init_params", "init_batch_stats",
@@ -51,12 +54,16 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "resnet32": resnet32,
     "resnet8x4": resnet8x4,
     "resnet32x4": resnet32x4,
+    "authors_fmnist_cnn": authors_fmnist_cnn,
+    "authors_cifar_cnn": authors_cifar_cnn,
 }
 
 # The models with convolutions: they take ``conv_impl`` (``"auto"``,
 # ``"xla"`` or ``"patches"``, see ``models.conv``).
 CONV_MODELS = ("cnn", "resnet8", "resnet20", "resnet32", "resnet8x4",
-               "resnet32x4")
+               "resnet32x4", "authors_fmnist_cnn", "authors_cifar_cnn")
+# The models without normalisation layers: they take no ``norm``.
+NORM_FREE_MODELS = ("logreg", "authors_fmnist_cnn", "authors_cifar_cnn")
 
 
 def available_models() -> tuple[str, ...]:

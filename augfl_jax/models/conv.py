@@ -1,7 +1,7 @@
 """2-D convolution and max-pooling with a choice of implementation.
 
 ``Conv(features, kernel_size, strides, padding, use_bias, kernel_init,
-impl)`` creates exactly the parameters ``flax.linen.Conv`` creates
+bias_init, impl)`` creates exactly the parameters ``flax.linen.Conv`` creates
 (``kernel [kh, kw, C_in, C_out]``, ``bias [C_out]`` when ``use_bias``), so a
 model's parameters do not depend on ``impl``. Two implementations of
 ``y[n, h, w, o] = sum_{i, j, c} x_pad[n, s h + i, s w + j, c] k[i, j, c, o]``:
@@ -115,8 +115,9 @@ class Conv(nn.Module):
     kernel_size: ``(kh, kw)``.
     strides: ``(s_h, s_w)``.
     padding: ``"SAME"``, ``"VALID"`` or ``((lo_h, hi_h), (lo_w, hi_w))``.
-    use_bias: add a learned bias (initialised to 0).
+    use_bias: add a learned bias.
     kernel_init: initialiser of the ``[kh, kw, C_in, C_out]`` kernel.
+    bias_init: initialiser of the ``[C_out]`` bias (zeros).
     impl: ``"auto"`` (``"patches"`` on CPU, ``"xla"`` elsewhere), ``"xla"``
       (``lax.conv_general_dilated``) or ``"patches"`` (im2col + matmul; see
       the module docstring).
@@ -128,6 +129,7 @@ class Conv(nn.Module):
   padding: Padding = "SAME"
   use_bias: bool = True
   kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
+  bias_init: Callable[..., Any] = nn.initializers.zeros
   impl: str = AUTO
 
   @nn.compact
@@ -146,7 +148,7 @@ class Conv(nn.Module):
           x, kernel, strides, pads,
           dimension_numbers=("NHWC", "HWIO", "NHWC"))
     if self.use_bias:
-      y = y + self.param("bias", nn.initializers.zeros, (self.features,))
+      y = y + self.param("bias", self.bias_init, (self.features,))
     return y
 
 

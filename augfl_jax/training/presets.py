@@ -156,7 +156,7 @@ def model_kwargs(name: str, norm: str, json_kwargs: str = "",
   """Keyword arguments of ``models.create_model(name, ...)``: the norm (not
   for logreg), ``conv_impl`` (models with convolutions) and the JSON object
   ``json_kwargs``, e.g. ``'{"hidden": [512, 256]}'``."""
-  kwargs = {} if name == "logreg" else {"norm": norm}
+  kwargs = {} if name in models.NORM_FREE_MODELS else {"norm": norm}
   if name in models.CONV_MODELS:
     kwargs["conv_impl"] = conv_impl
   if json_kwargs:
