@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from augfl_jax.data import authors
 from augfl_jax.data.catalog import ALIASES
 from augfl_jax.data.catalog import DATASETS
 from augfl_jax.data.catalog import DatasetSpec
@@ -57,6 +58,7 @@ __all__ = [
     "Partition",
     "TestSplitClients",
     "TestSplitUnavailable",
+    "authors",
     "available_datasets",
     "build_federated",
     "canonical_name",
@@ -80,6 +82,9 @@ __all__ = [
 ]
 
 _PARTITIONS = ("pathological", "dirichlet")
+# The authors' division (``data.authors``) reads a pool of its own (train and
+# test files joined): ``load_federated`` builds it, ``make_partition`` not.
+AUTHORS = "authors"
 
 
 def make_partition(
@@ -94,6 +99,7 @@ def make_partition(
     train_fraction: float = 0.8,
     support_fraction: float = 0.5,
     seed: int = 0,
+    server_overlap: bool = False,
 ) -> Partition:
   """Partitions a loaded dataset as :func:`load_federated` does.
 
@@ -103,6 +109,10 @@ def make_partition(
     The :class:`Partition`.
   """
   if dataset.client_ids is not None:
+    if server_overlap:
+      raise ValueError(
+          "server_overlap applies to label partitions; the server examples "
+          f"of {dataset.name} are taken out of its natural clients")
     # Natural clients: a server split, if any, is drawn from their examples.
     return natural_partition(dataset.client_ids, train_fraction=train_fraction,
                              support_fraction=support_fraction,
@@ -120,7 +130,8 @@ def make_partition(
   common = dict(num_clients=num_clients, M=M, server_size=server_size,
                 train_fraction=train_fraction,
                 support_fraction=support_fraction, seed=seed,
-                num_classes=dataset.num_classes)
+                num_classes=dataset.num_classes,
+                server_overlap=server_overlap)
   if partition == "pathological":
     return pathological_partition(
         dataset.y, classes_per_client=classes_per_client, **common)
@@ -147,6 +158,7 @@ def load_federated(
     synthetic_alpha: float = 1.0,
     synthetic_beta: float = 1.0,
     test_clients: int = 0,
+    server_overlap: bool = False,
 ) -> FederatedData:
   """Loads a dataset, partitions it and builds the padded client arrays.
 
@@ -159,9 +171,11 @@ def load_federated(
     server_size: size of the server split (the first examples; for
       ``synthetic``, examples drawn at random from its natural clients, see
       :func:`natural_partition`); ``None``: ``DATASET_DEFAULTS``.
-    partition: ``"pathological"`` (the paper's) or ``"dirichlet"``. Ignored by
-      ``synthetic``, which always uses its natural clients (as are ``M`` and
-      ``classes_per_client``).
+    partition: ``"pathological"`` (the paper's), ``"dirichlet"`` or
+      ``"authors"`` (the authors' code's division of the train and test
+      files joined, :mod:`augfl_jax.data.authors`; IDX datasets only).
+      Ignored by ``synthetic``, which always uses its natural clients (as
+      are ``M`` and ``classes_per_client``).
     dirichlet_alpha: Dirichlet concentration for ``partition="dirichlet"``.
     train_fraction: fraction of clients that train; the rest are held out.
     support_fraction: fraction of a client's examples in its support set
@@ -174,6 +188,8 @@ def load_federated(
     test_clients: when > 0, also draw that many held-out clients from the
       dataset's test split under the same protocol
       (:func:`load_test_split_clients`) into ``test_split``.
+    server_overlap: clients may take examples of the server split (the
+      authors' code); by default they never do (the paper's).
 
   Returns:
     The :class:`FederatedData`.
@@ -185,10 +201,21 @@ def load_federated(
     DataFileError: a dataset file that is truncated, corrupt or mismatched.
   """
   name = canonical_name(name)
+  if partition == AUTHORS:
+    defaults = DATASET_DEFAULTS[name]
+    return authors.load_federated(
+        name, data_dir=data_dir,
+        num_clients=num_clients or defaults["num_clients"], M=M,
+        classes_per_client=classes_per_client,
+        server_size=(defaults["server_size"] if server_size is None
+                     else server_size),
+        support_fraction=support_fraction, train_fraction=train_fraction,
+        server_overlap=server_overlap, test_clients=test_clients,
+        seed=seed)[0]
   if partition not in _PARTITIONS:  # Fail before any (slow) loading.
     raise ValueError(
         f"Unknown partition {partition!r}; use one of "
-        f"{', '.join(_PARTITIONS)}.")
+        f"{', '.join(_PARTITIONS + (AUTHORS,))}.")
   synthetic_clients = DATASET_DEFAULTS["synthetic"]["num_clients"]
   if name == "synthetic" and num_clients is not None:
     synthetic_clients = num_clients
@@ -200,7 +227,7 @@ def load_federated(
       classes_per_client=classes_per_client, server_size=server_size,
       partition=partition, dirichlet_alpha=dirichlet_alpha,
       train_fraction=train_fraction, support_fraction=support_fraction,
-      seed=seed)
+      seed=seed, server_overlap=server_overlap)
   fed = build_federated(dataset, part)
   if test_clients:
     fed = dataclasses.replace(fed, test_split=load_test_split_clients(

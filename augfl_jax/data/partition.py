@@ -7,7 +7,8 @@ the server split and the support/query and role splits they share are in
 Protocol (pathological, the paper's):
 
 1. The server split is the first ``server_size`` examples; clients never see
-   them.
+   them (unless ``server_overlap``: then clients draw from every example,
+   the server's included, as the authors' code lets them).
 2. Client ``i`` draws its size ``|D_i|`` uniformly from ``{M, ..., 2M}`` and
    ``classes_per_client`` distinct classes at random, and takes its examples
    split as evenly as possible between those classes, without reusing any
@@ -52,8 +53,11 @@ __all__ = [
 # Shared steps.
 
 
-def _setup(labels, num_clients, M, server_size, train_fraction, num_classes):
-  """Validates the common arguments; returns labels, num_classes, rest."""
+def _setup(labels, num_clients, M, server_size, train_fraction, num_classes,
+           server_overlap=False):
+  """Validates the common arguments; returns labels, num_classes and the
+  examples clients may take (after the server split, or all of them with
+  ``server_overlap``)."""
   labels = _check_labels(labels)
   num_clients = _check_int("num_clients", num_clients, 1)
   _check_int("M", M, 1)
@@ -65,14 +69,15 @@ def _setup(labels, num_clients, M, server_size, train_fraction, num_classes):
     raise ValueError(
         f"labels go up to {labels.max()} but num_classes={num_classes}; pass "
         f"num_classes >= {labels.max() + 1}.")
-  available = labels.shape[0] - server_size
+  first = 0 if server_overlap else server_size
+  available = labels.shape[0] - first
   if num_clients * M > available:
     raise ValueError(
         f"{num_clients} clients of at least M={M} examples need at least "
         f"{num_clients * M} examples (about {num_clients * 3 * M // 2} on "
         f"average) but only {available} are left outside the server split of "
         f"{server_size}; lower num_clients, M or server_size.")
-  return labels, num_classes, np.arange(server_size, labels.shape[0])
+  return labels, num_classes, np.arange(first, labels.shape[0])
 
 
 def _class_pools(labels: np.ndarray, rest: np.ndarray, num_classes: int,
@@ -107,6 +112,7 @@ def pathological_partition(
     support_fraction: float = 0.5,
     seed: int,
     num_classes: int | None = None,
+    server_overlap: bool = False,
 ) -> Partition:
   """The paper's pathological non-IID partition (§VI-A).
 
@@ -134,6 +140,7 @@ def pathological_partition(
       in ``(0, 1)`` (step 3 of the module docstring).
     seed: non-negative integer seed.
     num_classes: number of classes (default: ``labels.max() + 1``).
+    server_overlap: clients may take examples of the server split.
 
   Returns:
     The :class:`Partition`.
@@ -142,7 +149,8 @@ def pathological_partition(
     ValueError: bad arguments, or a request that cannot be filled.
   """
   labels, num_classes, rest = _setup(labels, num_clients, M, server_size,
-                                     train_fraction, num_classes)
+                                     train_fraction, num_classes,
+                                     server_overlap)
   k = _check_int("classes_per_client", classes_per_client, 1)
   if k > num_classes:
     raise ValueError(
@@ -204,6 +212,7 @@ def dirichlet_partition(
     support_fraction: float = 0.5,
     seed: int,
     num_classes: int | None = None,
+    server_overlap: bool = False,
 ) -> Partition:
   """Dirichlet non-IID partition: class mix ``p_i ~ Dir(concentration)``.
 
@@ -229,6 +238,7 @@ def dirichlet_partition(
       in ``(0, 1)`` (step 3 of the module docstring).
     seed: non-negative integer seed.
     num_classes: number of classes (default: ``labels.max() + 1``).
+    server_overlap: clients may take examples of the server split.
 
   Returns:
     The :class:`Partition`; ``classes[i]`` lists the classes client ``i``
@@ -238,7 +248,8 @@ def dirichlet_partition(
     ValueError: bad arguments, or a request that cannot be filled.
   """
   labels, num_classes, rest = _setup(labels, num_clients, M, server_size,
-                                     train_fraction, num_classes)
+                                     train_fraction, num_classes,
+                                     server_overlap)
   if not (np.isfinite(concentration) and concentration > 0):
     raise ValueError(
         f"concentration must be a positive number (e.g. 0.5), got "

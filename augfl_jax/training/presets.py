@@ -136,8 +136,9 @@ def resolve(config: RunConfig) -> RunConfig:
 
 
 def default_pm_dir(config: RunConfig) -> str:
-  """``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>][-seed<s>]_e<epochs>_srv
-  <n>``: PMs of one architecture with another norm, kwargs or number of
+  """``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>][-seed<s>]
+  [-authors_pool]_e<epochs>_srv<n>``: PMs of one architecture with another
+  norm, kwargs, pool (the authors' division's) or number of
   epochs live side by side."""
   name = config.pm.model + (
       "-" + re.sub(r"[^A-Za-z0-9]+", "-", config.pm.kwargs).strip("-")
@@ -146,6 +147,8 @@ def default_pm_dir(config: RunConfig) -> str:
     name += f"-{config.norm}"
   if config.dataset in SEEDED_DATASETS:
     name += f"-seed{config.seed}"
+  if config.data.partition == "authors":  # its pool: train + test, per pixel
+    name += "-authors_pool"
   return pm.default_pm_dir(PM_ROOT, config.dataset,
                            f"{name}_e{config.pm.epochs}",
                            config.data.server_size)
