@@ -15,18 +15,27 @@ student, PM, server split and CRD configuration:
   statistics, no augmentation): the PM runs over the server split once, when
   the regulariser is built (``setup_s``), and every round reads its rows.
 
-Both compute the same gradient (checked: ``max_abs_diff``). They are timed
-round-robin with, if ``--clients > 0``, the AugFL client round of that many
-clients (``--round_model``, default the CNN; ``benchmarks.cells``, the
-backend's default strategy), so that the table
-gives, from one run, cached / recomputed and each against a client round.
+Both compute the same gradient (checked: ``max_abs_diff``). ``--variants``
+adds cheaper steps, each the cached one with some ``CRDConfig`` fields
+changed (``name:field=value+field=value``, e.g.
+``shared:negative_sampling=shared``, ``subset10:kt_steps=10``); each
+variant's gradient is compared with the cached step's at the same theta and
+state (``rel_diff``: ``||g - g_full|| / ||g_full||``), beside the cached
+step's own difference between two draws of its negatives and minibatches
+(``full_reseeded``). All are timed round-robin with, if ``--clients > 0``,
+the AugFL client round of that many clients (``--round_model``, default the
+CNN; ``benchmarks.cells``, the backend's default strategy), so that the
+table gives, from one run, every step against the others and against a
+client round.
 Models: a ``cnn`` student and a ``--pm`` PM (running batch norm) on 28x28x1
 inputs, 26 classes; synthetic data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import statistics
 import time
 from typing import Any, Callable
@@ -60,6 +69,10 @@ def define_flags() -> None:
                        "the AugFL round.")
   flags.DEFINE_string("round_model", "cnn", "Benchmark model of the AugFL "
                       f"round, one of {sorted(cells.MODELS)}.")
+  flags.DEFINE_list("variants", [], "Cheaper steps: name:field=value+..."
+                    " (CRDConfig fields of the cached step).")
+  flags.DEFINE_bool("recomputed", True, "Also time the step that runs the PM "
+                    "on every minibatch.")
   flags.DEFINE_integer("repeats", 3, "Timed rounds of each after warm-up.")
   flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.")
   flags.DEFINE_string("output", "crd_cost.json", "JSON results path.")
@@ -75,10 +88,36 @@ def _time(fn: Callable[[], Any]) -> float:
   return time.perf_counter() - start
 
 
+def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:
+  """``["shared:negative_sampling=shared+kt_steps=10"]`` ->
+  ``{"shared": {"negative_sampling": "shared", "kt_steps": 10}}``, each
+  value converted to its ``CRDConfig`` field's type."""
+  types = {f.name: f.type for f in dataclasses.fields(transfer.CRDConfig)}
+  variants = {}
+  for spec in specs:
+    name, _, body = spec.partition(":")
+    overrides = {}
+    for item in filter(None, body.split("+")):
+      field, _, value = item.partition("=")
+      if field not in types:
+        raise ValueError(f"variant {name!r}: {field!r} is not a CRDConfig "
+                         f"field ({', '.join(types)})")
+      kind = str(types[field])
+      overrides[field] = (int(value) if kind.startswith("int") else
+                          float(value) if kind.startswith("float") else
+                          value)
+    variants[name] = overrides
+  return variants
+
+
 def make_regularizers(server: int, pm: str, student: str, batch_size: int,
-                      nce_k: int, seed: int = 0) -> dict[str, Any]:
-  """The student's parameters and the two regularisers (and their setup
-  times) on one synthetic server split of ``server`` examples."""
+                      nce_k: int, seed: int = 0,
+                      variants: dict[str, dict[str, Any]] | None = None,
+                      recomputed: bool = True) -> dict[str, Any]:
+  """The student's parameters and the regularisers (and their setup
+  times) on one synthetic server split of ``server`` examples: the cached
+  step, its variants and, if ``recomputed``, the step that runs the PM on
+  every minibatch."""
   rng = np.random.default_rng(seed)
   data = {"x": jnp.asarray(rng.standard_normal((server,) + INPUT_SHAPE,
                                                dtype=np.float32)),
@@ -97,30 +136,53 @@ def make_regularizers(server: int, pm: str, student: str, batch_size: int,
          "pm_params": models.num_params(pm_vars["params"]),
          "student_num_params": models.num_params(student_params),
          "steps": -(-server // batch_size)}
-  for name, per_example in (("recomputed", False), ("cached", True)):
+  steps = {"cached": (config, True)}
+  if recomputed:
+    steps["recomputed"] = (config, False)
+  for name, overrides in (variants or {}).items():
+    steps[name] = (dataclasses.replace(config, **overrides), True)
+  for name, (step_config, per_example) in steps.items():
     start = time.perf_counter()
     init_fn, grad_fn = transfer.make_crd_regularizer(
-        models.make_features_fn(student_model), teacher, data, config,
+        models.make_features_fn(student_model), teacher, data, step_config,
         teacher_per_example=per_example)
     setup = time.perf_counter() - start
     out[name] = {"grad_fn": grad_fn, "setup_s": setup,
                  "state": init_fn(jax.random.key(seed + 2), student_params)}
+  out["names"] = list(steps)
   return out
+
+
+def _rel_diff(a: Any, b: Any) -> float:
+  """``||a - b|| / ||b||`` over all leaves."""
+  num = sum(float(jnp.sum((x - y) ** 2)) for x, y in zip(
+      jax.tree.leaves(a), jax.tree.leaves(b)))
+  den = sum(float(jnp.sum(y ** 2)) for y in jax.tree.leaves(b))
+  return (num / den) ** 0.5
 
 
 def run(f: Any = None) -> dict[str, Any]:
   """Measures the flags' setting; returns (and writes) the results."""
   f = f or FLAGS
+  variants = parse_variants(list(getattr(f, "variants", [])))
+  with_recomputed = getattr(f, "recomputed", True)
   regs = make_regularizers(f.server, f.pm, f.student, f.batch_size, f.nce_k,
-                           f.seed)
+                           f.seed, variants, with_recomputed)
   theta = regs["student_params"]
   runners: dict[str, Callable[[], Any]] = {}
-  for name in ("recomputed", "cached"):
+  for name in regs["names"]:
     grad_fn, state = regs[name]["grad_fn"], regs[name]["state"]
     runners[name] = (lambda g=grad_fn, s=state: g(theta, s))
   grads = {name: _sync(run_once())[0] for name, run_once in runners.items()}
-  diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+  diff = (max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
       jax.tree.leaves(grads["recomputed"]), jax.tree.leaves(grads["cached"])))
+          if with_recomputed else None)
+  cached = regs["cached"]
+  reseeded = cached["grad_fn"](theta, cached["state"].replace(
+      key=jax.random.key(f.seed + 3)))[0]
+  rel_diff = {name: _rel_diff(grads[name], grads["cached"])
+              for name in variants}
+  rel_diff["full_reseeded"] = _rel_diff(reseeded, grads["cached"])
   if f.clients > 0:
     problem = cells.make_problem(f.round_model, "auto", f.clients,
                                  f.examples, f.seed)
@@ -139,23 +201,27 @@ def run(f: Any = None) -> dict[str, Any]:
   med = {k: statistics.median(v) for k, v in times.items()}
   paired = lambda a, b: statistics.median(
       x / y for x, y in zip(times[a], times[b]))
-  ratios = {"recomputed/cached": paired("recomputed", "cached")}
+  ratios = {f"{name}/cached": paired(name, "cached")
+            for name in regs["names"] if name != "cached"}
   for k in runners:
     if k.startswith("augfl_round"):
-      ratios[f"recomputed/{k}"] = paired("recomputed", k)
-      ratios[f"cached/{k}"] = paired("cached", k)
+      for name in regs["names"]:
+        ratios[f"{name}/{k}"] = paired(name, k)
   out = {"machine": {"jax": jax.__version__, "backend": jax.default_backend(),
                      "devices": [str(d) for d in jax.devices()]},
+         "load_average": os.getloadavg(),
          "flags": {k: getattr(f, k) for k in (
              "server", "pm", "student", "batch_size", "nce_k", "clients",
              "examples", "round_model", "repeats", "seed")},
+         "variants": variants,
          "pm_num_params": regs["pm_params"],
          "student_num_params": regs["student_num_params"],
          "minibatches_per_round": regs["steps"],
-         "setup_s": {k: regs[k]["setup_s"] for k in ("recomputed", "cached")},
+         "setup_s": {k: regs[k]["setup_s"] for k in regs["names"]},
          "round_s": {k: {"median": med[k], "all": v}
                      for k, v in times.items()},
-         "paired_ratios": ratios, "max_abs_diff": diff}
+         "paired_ratios": ratios, "max_abs_diff": diff,
+         "rel_diff": rel_diff}
   print(format_table(out))
   if f.output:
     with open(f.output, "w") as fh:
@@ -178,8 +244,14 @@ def format_table(out: dict[str, Any]) -> str:
                  (f"  (setup {setup:.2f} s)" if setup is not None else ""))
   for k, v in out["paired_ratios"].items():
     lines.append(f"  {k:<38} {v:8.2f}")
-  lines.append(f"  max |grad recomputed - grad cached| = "
-               f"{out['max_abs_diff']:.2e}")
+  if out["max_abs_diff"] is not None:
+    lines.append(f"  max |grad recomputed - grad cached| = "
+                 f"{out['max_abs_diff']:.2e}")
+  for k, v in out["rel_diff"].items():
+    lines.append(f"  ||grad {k} - grad cached|| / ||grad cached|| = "
+                 f"{v:.3f}")
+  lines.append("  load average (1, 5, 15 min) at the end: " + ", ".join(
+      f"{x:.2f}" for x in out["load_average"]))
   return "\n".join(lines)
 
 

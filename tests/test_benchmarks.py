@@ -128,10 +128,18 @@ def test_crd_cost_times_recomputed_and_cached_pm(tmp_path):
   class Flags:
     server, pm, student, batch_size, nce_k = 16, "mlp", "mlp", 8, 8
     clients, examples, round_model, repeats, seed = 2, 3, "tiny_cnn", 1, 0
+    variants = ["shared:negative_sampling=shared+nce_k=16",
+                "one:kt_steps=1"]
     output = str(tmp_path / "crd.json")
 
   out = crd_cost.run(Flags)
-  assert set(out["round_s"]) == {"recomputed", "cached", "augfl_round_C2"}
+  assert set(out["round_s"]) == {"recomputed", "cached", "shared", "one",
+                                 "augfl_round_C2"}
+  assert out["variants"]["shared"] == {"negative_sampling": "shared",
+                                       "nce_k": 16}
+  assert set(out["rel_diff"]) == {"shared", "one", "full_reseeded"}
+  assert out["rel_diff"]["full_reseeded"] > 0  # other draws, other numbers
+  assert "one/augfl_round_C2" in out["paired_ratios"]
   assert out["minibatches_per_round"] == 2
   assert out["max_abs_diff"] < 1e-6  # the same gradient either way
   assert out["paired_ratios"]["recomputed/cached"] > 0

@@ -29,6 +29,8 @@ VARIANTS = {
         "model", "data.partition", "data.support_fraction",
         "data.server_overlap", "augfl.alpha", "augfl.rho", "eval.alpha",
         "crd.augment", "pm.dir"},
+    "fashion_mnist_cpu": {"pm.model", "pm.epochs", "pm.dir",
+                          "crd.kt_steps", "crd.negative_sampling"},
 }
 
 

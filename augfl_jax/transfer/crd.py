@@ -48,6 +48,8 @@ from augfl_jax.transfer.crd_config import CRDConfig
 from augfl_jax.transfer.nce import (class_table, crd_loss, embed,
                                     init_arrays, kd_loss, sample_negatives,
                                     update_memory)
+from augfl_jax.transfer.shared_negatives import (crd_loss_shared,
+                                                 sample_shared)
 from augfl_jax.transfer.server_data import (all_outputs, crop_flip,
                                             hoist_constants,
                                             minibatch_positions,
@@ -136,6 +138,7 @@ def make_crd_regularizer(student_apply: StudentApply,
   student_tx = optax.chain(optax.add_decayed_weights(config.head_weight_decay),
                            optax.sgd(config.student_lr, config.head_momentum))
   moving = config.student_lr > 0
+  shared = config.negative_sampling == "shared"
   teacher_fn, teacher_consts = hoist_constants(
       teacher_apply, jax.ShapeDtypeStruct((batch_size,) + x_all.shape[1:],
                                           x_all.dtype),
@@ -159,8 +162,10 @@ def make_crd_regularizer(student_apply: StudentApply,
     d_s, d_t = math.prod(f_s.shape[1:]), math.prod(f_t.shape[1:])
     heads, memory_s, memory_t, k_root = init_arrays(key, d_s, d_t, n,
                                                      config.feat_dim)
+    bank_dtype = jnp.dtype(config.bank_dtype)
     return CRDState(heads=heads, head_opt_state=tx.init(heads),
-                    memory_s=memory_s, memory_t=memory_t,
+                    memory_s=memory_s.astype(bank_dtype),
+                    memory_t=memory_t.astype(bank_dtype),
                     z_s=-jnp.ones(()), z_t=-jnp.ones(()), key=k_root,
                     step=jnp.zeros((), jnp.int32))
 
@@ -184,16 +189,24 @@ def make_crd_regularizer(student_apply: StudentApply,
     else:
       f_t, logits_t = teacher_fn(teacher_data, x, mask)
     f_t, logits_t = jax.lax.stop_gradient((f_t, logits_t))
-    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(
-        jax.random.fold_in(neg_key, step_idx), index)
-    negatives = sample_negatives(row_keys, y, table, config.negatives)
+    step_key = jax.random.fold_in(neg_key, step_idx)
+    if shared:
+      negatives = sample_shared(step_key, config.negatives, n)
+    else:
+      row_keys = jax.vmap(jax.random.fold_in, (None, 0))(step_key, index)
+      negatives = sample_negatives(row_keys, y, table, config.negatives)
 
     def loss_fn(params, heads):
       f_s, logits_s = student_apply(params, x, mask)
       e_s = embed(heads["embed_s"], f_s, mask)
       e_t = embed(heads["embed_t"], f_t, mask)
-      crd, zs = crd_loss(e_s, e_t, index, negatives, mem_s, mem_t, z_s, z_t,
-                         temperature=config.nce_t, mask=mask)
+      if shared:
+        crd, zs = crd_loss_shared(e_s, e_t, index, y, negatives, table,
+                                  y_all, mem_s, mem_t, z_s, z_t,
+                                  temperature=config.nce_t, mask=mask)
+      else:
+        crd, zs = crd_loss(e_s, e_t, index, negatives, mem_s, mem_t, z_s,
+                           z_t, temperature=config.nce_t, mask=mask)
       ce = masked_mean(optax.softmax_cross_entropy_with_integer_labels(
           logits_s.astype(jnp.float32), y), mask)
       metrics = {"ce": ce, "crd": crd}

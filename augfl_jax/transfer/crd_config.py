@@ -10,6 +10,8 @@ from augfl_jax.fields import field
 from augfl_jax.transfer.server_data import AUGMENTATIONS
 
 LOOPS = ("scan", "python")
+NEGATIVE_SAMPLING = ("per_example", "shared")
+BANK_DTYPES = ("float32", "bfloat16")
 REFERENCE_NCE_K = 16384
 
 
@@ -29,6 +31,16 @@ class CRDConfig:
       None, "K, negatives per example, drawn with replacement from other "
       "classes (may exceed the server size; default the reference's 16384; "
       "digits 1024)")
+  negative_sampling: str = field(
+      "per_example", "per_example: K negatives of other classes drawn for "
+      "every example (the reference's); shared: K draws for the whole "
+      "minibatch, those of an example's own class left out and the rest "
+      "reweighted, the same expected loss at a fraction of the cost "
+      "(augfl_jax.transfer.shared_negatives)", choices=NEGATIVE_SAMPLING)
+  bank_dtype: str = field(
+      "float32", "dtype the two memory banks are stored in (float32, the "
+      "reference's, or bfloat16: half the memory, read as float32)",
+      choices=BANK_DTYPES)
   nce_t: float = field(0.07, "NCE temperature tau")
   nce_m: float = field(0.5, "momentum m of the memory banks")
   ce_weight: float = field(1.0, "weight of CE(student, server labels) in "
@@ -82,6 +94,11 @@ class CRDConfig:
     if not self.kd_temperature > 0:
       raise ValueError(
           f"kd_temperature must be > 0, got {self.kd_temperature}")
+    for name, choices in (("negative_sampling", NEGATIVE_SAMPLING),
+                          ("bank_dtype", BANK_DTYPES)):
+      if getattr(self, name) not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got "
+                         f"{getattr(self, name)!r}")
     if self.augment not in AUGMENTATIONS:
       raise ValueError(f"augment must be one of {AUGMENTATIONS}, got "
                        f"{self.augment!r}")

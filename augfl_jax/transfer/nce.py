@@ -142,7 +142,8 @@ def crd_loss(e_s: jax.Array, e_t: jax.Array, index: jax.Array,
     e_s, e_t: ``[B, F]`` unit-norm student / PM embeddings.
     index: ``[B]`` server indices of the positives (valid even for padding).
     negatives: ``[B, K]`` server indices.
-    memory_s, memory_t: ``[n, F]`` banks (read only, no gradient).
+    memory_s, memory_t: ``[n, F]`` banks (read only, no gradient; float32
+      or a narrower float, read as float32).
     z_s, z_t: the normalisation constants (< 0: set them on this batch).
     temperature: tau.
     mask: ``[B]``, 1 = real row; padded rows enter neither loss nor Z.
@@ -152,10 +153,9 @@ def crd_loss(e_s: jax.Array, e_t: jax.Array, index: jax.Array,
   """
   n = memory_s.shape[0]
   idx = jnp.concatenate([index[:, None], negatives], axis=1)
-  out_s = contrast_scores(jax.lax.stop_gradient(memory_t), e_s, idx,
-                          temperature)
-  out_t = contrast_scores(jax.lax.stop_gradient(memory_s), e_t, idx,
-                          temperature)
+  read = lambda bank: jax.lax.stop_gradient(bank).astype(jnp.float32)
+  out_s = contrast_scores(read(memory_t), e_s, idx, temperature)
+  out_t = contrast_scores(read(memory_s), e_t, idx, temperature)
   z_s = fix_z(z_s, out_s, n, mask)
   z_t = fix_z(z_t, out_t, n, mask)
   loss = nce_loss(out_s / z_s, n, mask) + nce_loss(out_t / z_t, n, mask)
@@ -168,9 +168,12 @@ def update_memory(memory: jax.Array, index: jax.Array, e: jax.Array,
   """Rows ``index`` <- ``normalize(m row + (1 - m) e)``; padded rows skipped.
 
   ``index`` must not repeat among real rows (a minibatch of one shuffle).
+  The rows are computed in float32 and stored in the bank's dtype.
   """
-  rows = memory[index] * momentum + (1.0 - momentum) * jax.lax.stop_gradient(e)
+  rows = (memory[index].astype(jnp.float32) * momentum
+          + (1.0 - momentum) * jax.lax.stop_gradient(e))
   rows = rows / jnp.sqrt(jnp.sum(rows * rows, axis=-1, keepdims=True))
+  rows = rows.astype(memory.dtype)
   if mask is not None:
     index = jnp.where(mask > 0, index, memory.shape[0])  # out of range: drop
   return memory.at[index].set(rows, mode="drop")
