@@ -1,0 +1,60 @@
+"""experiments.compare: two configurations, seed by seed, on the same
+clients."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from augfl_jax import intervals
+from experiments import compare
+from tests.test_scores import _t_interval, _write_run
+
+CHEAP = {0: [18, 17, 19, 15, 20], 1: [16, 18, 19, 17, 18]}
+FULL = {0: [17, 17, 18, 16, 19], 1: [16, 17, 20, 15, 18]}
+
+
+def _runs(tmp_path):
+  for name, correct in (("cheap", CHEAP), ("full", FULL)):
+    for seed, c in correct.items():
+      _write_run(tmp_path / name / f"seed{seed}", [9, 8, 10, 7], c)
+  return {"cheap": str(tmp_path / "cheap"), "full": str(tmp_path / "full")}
+
+
+def test_the_table_holds_the_paired_differences(tmp_path):
+  text = compare.compare(_runs(tmp_path), [0, 1])
+  assert "Scored on test-split clients" in text
+  # seed 0: 89/100 against 87/100, the difference's interval across the
+  # five clients (equal counts: the t-interval of per-client differences)
+  diff0 = np.subtract(CHEAP[0], FULL[0]) / 20
+  low, high = _t_interval(diff0)
+  assert (f"| 0 | 89.00 [" in text and
+          f"2.00 [{100 * low:.2f}, {100 * high:.2f}]" in text)
+  # over seeds: the t-interval of the two per-seed differences
+  per_seed = [(sum(CHEAP[s]) - sum(FULL[s])) / 100 for s in (0, 1)]
+  low, high = _t_interval(per_seed)
+  assert f"{100 * np.mean(per_seed):.2f} [{100 * low:.2f}, {100 * high:.2f}]" in text
+  assert intervals.mean_interval(per_seed).format() in text
+
+
+def test_bad_input_stops_with_one_line(tmp_path):
+  with pytest.raises(ValueError, match="NAME=DIR"):
+    compare.parse_runs(["nodir"])
+  with pytest.raises(ValueError, match="at least two"):
+    compare.parse_runs(["a=x"])
+  runs = _runs(tmp_path)
+  with pytest.raises(ValueError, match="no finished run"):
+    compare.compare(runs, [0, 7])
+
+
+@pytest.mark.slow
+def test_the_command_stops_with_one_line_and_exit_2(tmp_path):
+  runs = _runs(tmp_path)
+  result = subprocess.run(
+      [sys.executable, "-m", "experiments.compare", f"--runs=a={runs['cheap']}",
+       f"--runs=b={tmp_path}/missing", "--seeds=0"],
+      capture_output=True, text=True)
+  assert result.returncode == 2
+  assert result.stderr.strip().startswith("error:")
+  assert len(result.stderr.strip().splitlines()) == 1
