@@ -23,10 +23,10 @@ pass through ``stop_gradient``.
 Where the authors' code does more than the paper states, :class:`CRDConfig`
 has a field, its default the reference's where the paper is silent:
 ``head_lr`` 0.002 and ``reset_head_optimizer`` (a new SGD for the heads every
-round), as the reference's launcher; ``student_lr`` (the reference also steps
-the client-model copy along the KT minibatches with that optimizer, so its
-gradients are taken along a moving trajectory; 0, the paper's theta^t, by
-default) and ``augment`` (the reference crops and flips the server images;
+round), as the reference's launcher; ``student_lr`` (0, the paper's
+theta^t, by default: the reference's copy of the client model moves by
+weight decay alone, since it zeroes the copy's gradients before each step;
+> 0 moves a copy along the KT gradients) and ``augment`` (the reference crops and flips the server images;
 ``"none"`` by default, so that a PM whose outputs do not depend on the batch
 is run on the server split once per run instead of every round).
 """
