@@ -96,7 +96,8 @@ class AugFLState:
 
 
 def init_state(params: Params, num_clients: int) -> AugFLState:
-  """Zero duals, theta_i = theta^0, no rounds taken."""
+  """Zero duals, theta_i = theta^0, no rounds taken (``ValueError`` unless
+  ``num_clients`` is an int >= 1)."""
   return AugFLState(
       params=params,
       duals=tree.broadcast_to_clients(optax.tree.zeros_like(params),
@@ -145,11 +146,13 @@ def client_update(loss_fn: LossFn, theta: Params, dual: Params, support: Batch,
   Raises:
     ValueError: ``rho`` is not > 0 or ``alpha`` not finite (checked when
       they are concrete: Python numbers, as ``make_round`` passes them, or
-      arrays outside jit); ``theta`` has a 16-bit float leaf, or ``dual``
-      leaves whose dtypes differ from ``theta``'s (dtypes are checked
-      always, under jit too).
+      arrays outside jit); ``theta`` has a 16-bit float leaf, ``dual``
+      leaves whose shapes or dtypes differ from ``theta``'s, or a
+      ``support`` set the loss cannot run on with ``theta`` (these are
+      checked always, under jit too).
   """
   checks.check_client_args(theta, dual, alpha=alpha, rho=rho)
+  checks.check_loss_runs(loss_fn, theta, support, "the client's support set")
   support_grad_fn = lambda p: jax.grad(loss_fn)(p, support)
   support_loss, g_s = jax.value_and_grad(loss_fn)(theta, support)
   phi = optax.tree.add_scale(theta, -alpha, g_s)
@@ -179,7 +182,12 @@ def server_update(client_params: Params, duals: Params, rhos: jax.Array, *,
 
   Returns:
     theta^{t+1}.
+
+  Raises:
+    ValueError: ``duals`` not of ``client_params``' tree and shapes, or
+      ``rhos`` not ``[C]`` (checked always, under jit too).
   """
+  checks.check_server_args(client_params, duals, rhos)
   # Both sums over clients are tensordots: XLA:CPU runs a reduce over the
   # leading axis of [C, ...] (jnp.sum(axis=0)) about 8x slower than the
   # equivalent dot (benchmarks/RESULTS.md).

@@ -1,6 +1,8 @@
-"""The input checks of AugFL's client step (``augfl.client_update``): values
-where they are concrete (before jit, or outside it), dtypes always (under jit
-too), each failing with one sentence that says what to pass instead.
+"""The input checks of AugFL's client and server steps
+(``augfl.client_update``, ``augfl.server_update``) and of a loss on the
+clients' examples: values where they are concrete (before jit, or outside
+it), shapes and dtypes always (under jit too), each failing with one
+sentence that says what to pass instead.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import jax.numpy as jnp
 
 from augfl_jax.types import Params
 
-__all__ = ["check_client_args", "concrete"]
+__all__ = ["check_client_args", "check_loss_runs", "check_server_args",
+           "concrete"]
 
 
 def concrete(value) -> float | None:
@@ -46,11 +49,53 @@ def check_client_args(theta: Params, dual: Params, *, alpha, rho) -> None:
           "difference Hessian-vector product of Eq. (10) loses every digit "
           "of a 16-bit float); keep a float32 copy of theta, e.g. "
           "jax.tree.map(lambda x: x.astype(jnp.float32), theta)")
-  theta_dtypes = jax.tree.map(jnp.result_type, theta)
-  dual_dtypes = jax.tree.map(jnp.result_type, dual)
-  if jax.tree.structure(theta_dtypes) != jax.tree.structure(dual_dtypes) or (
-      jax.tree.leaves(theta_dtypes) != jax.tree.leaves(dual_dtypes)):
-    raise ValueError("dual must have theta's tree and dtypes (y_i lives "
-                     "where theta does, Eq. (12)); got "
-                     f"{jax.tree.leaves(dual_dtypes)[:3]} for theta's "
-                     f"{jax.tree.leaves(theta_dtypes)[:3]}")
+  kind = lambda leaf: (jnp.shape(leaf), jnp.result_type(leaf))
+  theta_kinds = jax.tree.map(kind, theta)
+  dual_kinds = jax.tree.map(kind, dual)
+  if jax.tree.structure(theta) != jax.tree.structure(dual) or (
+      jax.tree.leaves(theta_kinds) != jax.tree.leaves(dual_kinds)):
+    raise ValueError("dual must have theta's tree and dtypes, and its "
+                     "shapes (y_i lives where theta does, Eq. (12)); got "
+                     f"{_first_leaves(dual)} for theta's "
+                     f"{_first_leaves(theta)}")
+
+
+def _first_leaves(tree: Params) -> str:
+  """The paths, shapes and dtypes of ``tree``'s first three leaves."""
+  return ", ".join(
+      f"{jax.tree_util.keystr(path)} {jnp.shape(leaf)} "
+      f"{jnp.result_type(leaf)}"
+      for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0][:3])
+
+
+def check_server_args(client_params: Params, duals: Params,
+                      rhos) -> None:
+  """The checks of :func:`augfl_jax.augfl.server_update`: ``duals`` of
+  ``client_params``' tree and shapes, and one rho per client (``[C]``)."""
+  shapes = lambda tree: jax.tree.leaves(jax.tree.map(jnp.shape, tree))
+  if (jax.tree.structure(client_params) != jax.tree.structure(duals) or
+      shapes(client_params) != shapes(duals)):
+    raise ValueError("duals must have client_params' tree and shapes (one "
+                     f"y_i per theta_i); got {_first_leaves(duals)} for "
+                     f"client_params' {_first_leaves(client_params)}")
+  num_clients = jnp.shape(jax.tree.leaves(client_params)[0])[0]
+  if jnp.shape(rhos) != (num_clients,):
+    raise ValueError(f"rhos must hold one rho per client, shape "
+                     f"({num_clients},), got shape {jnp.shape(rhos)}")
+
+
+def check_loss_runs(loss_fn, params: Params, batch, what: str) -> None:
+  """Raises ``ValueError`` in the library's words when ``loss_fn(params,
+  batch)`` cannot be traced (examples of another shape than the model was
+  initialised for, parameters of another model); shapes only, nothing is
+  computed."""
+  try:
+    jax.eval_shape(loss_fn, params, batch)
+  except Exception as e:  # pylint: disable=broad-except
+    reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    shape = jnp.shape(batch["x"]) if "x" in batch else "?"
+    raise ValueError(
+        f"the loss cannot run on {what} (examples x of shape {shape}) with "
+        f"these parameters ({type(e).__name__}: {reason}); the examples "
+        "must have the shape the model was initialised for, and the "
+        "parameters must be that model's") from None

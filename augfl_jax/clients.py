@@ -163,10 +163,29 @@ def _run_local(fn: Callable[[Any], Any], per_client: Any, name: str,
 
 
 def _num_clients(per_client: Any) -> int:
-  leaves = jax.tree.leaves(per_client)
+  """``C``, the leading axis every leaf of ``per_client`` shares.
+
+  Raises:
+    ValueError: no leaves, leaves that disagree on ``C`` (naming them), or
+      ``C = 0`` (a round or an evaluation needs at least one client).
+  """
+  leaves = jax.tree_util.tree_flatten_with_path(per_client)[0]
   if not leaves:
     raise ValueError("per_client has no leaves")
-  return leaves[0].shape[0]
+  sizes = {jax.tree_util.keystr(path): (jnp.shape(leaf) or (None,))[0]
+           for path, leaf in leaves}
+  if len(set(sizes.values())) > 1:
+    shown = ", ".join(f"{k}: {v}" for k, v in list(sizes.items())[:6])
+    raise ValueError("the clients' arrays disagree on the number of clients "
+                     f"(their leading axis: {shown}); stack every "
+                     "per-client array over the same clients")
+  num = next(iter(sizes.values()))
+  if num is None:
+    raise ValueError("per_client's arrays have no leading client axis")
+  if num == 0:
+    raise ValueError("there are no clients (the leading client axis is 0): "
+                     "a round or an evaluation needs at least one client")
+  return num
 
 
 def _pad_clients(per_client: Any, size: int) -> Any:
@@ -211,8 +230,13 @@ def map_clients(fn: Callable[[Any], Any], per_client: Any,
 
   Returns:
     ``fn``'s outputs stacked over the client axis (leaves ``[C, ...]``).
+
+  Raises:
+    ValueError: ``C = 0``, or leaves with different leading axes (shapes
+      are known under jit too).
   """
   strategy = as_strategy(strategy)
+  _num_clients(per_client)
   if strategy.name == "sharded":
     return _map_sharded(fn, per_client, strategy)
   return _run_local(fn, per_client, strategy.name, strategy.chunk_size)

@@ -12,6 +12,7 @@ Personalised methods pass one model per client (``per_client_params=True``).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from augfl_jax import checks
 from augfl_jax import clients as clients_lib
 from augfl_jax import intervals
 from augfl_jax.types import Batch, ClientData, LossFn, Params
@@ -59,10 +61,20 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     ``evaluate(params, clients)`` with metrics ``accuracy`` (sample-weighted
     mean over clients), ``accuracy_std`` (std of per-client accuracies),
     ``loss`` (sample-weighted query loss) and ``client_accuracy`` (``[C]``).
+
+  Raises:
+    ValueError: ``steps < 0``, or a concrete ``alpha`` that is negative, not
+      finite, or 0 with ``steps > 0``; ``evaluate`` raises it for no
+      clients (``C = 0``) and for examples the loss cannot run on.
   """
   strategy = clients_lib.as_strategy(strategy)
   if steps < 0:
     raise ValueError(f"steps must be >= 0, got {steps}")
+  alpha_ = checks.concrete(alpha)
+  if alpha_ is not None and not (math.isfinite(alpha_) and alpha_ >= 0 and
+                                 (alpha_ > 0 or steps == 0)):
+    raise ValueError(f"alpha, the adaptation step size, must be a finite "
+                     f"number > 0 (0 only with steps=0), got {alpha}")
 
   def one_client(params, client):
     adapted = fast_adapt(loss_fn, params, client.support, alpha=alpha,
@@ -71,6 +83,13 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     return loss, correct, jnp.sum(client.query["mask"])
 
   def evaluate(params, clients: ClientData):
+    if clients.num_clients == 0:
+      raise ValueError("no held-out clients to score (the client axis of "
+                       "clients is 0)")
+    checks.check_loss_runs(loss_fn, params if not per_client_params else
+                           jax.tree.map(lambda p: p[0], params),
+                           jax.tree.map(lambda a: a[0], clients.support),
+                           "the held-out clients' support sets")
     if per_client_params:
       fn, per_client = (lambda c: one_client(c[0], c[1])), (params, clients)
     else:

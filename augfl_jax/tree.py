@@ -16,7 +16,14 @@ from augfl_jax.types import Params
 
 
 def broadcast_to_clients(tree: Params, num_clients: int) -> Params:
-  """Stacks ``num_clients`` copies of ``tree``: leaves ``[...]`` -> ``[C, ...]``."""
+  """Stacks ``num_clients`` copies of ``tree``: leaves ``[...]`` -> ``[C, ...]``.
+
+  Raises:
+    ValueError: ``num_clients`` is not an int >= 1.
+  """
+  if (isinstance(num_clients, bool) or
+      not isinstance(num_clients, (int, np.integer)) or num_clients < 1):
+    raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
   return jax.tree.map(
       lambda leaf: jnp.broadcast_to(leaf, (num_clients,) + jnp.shape(leaf)),
       tree)
@@ -42,8 +49,24 @@ def weighted_mean(stacked: Params, weights: jax.Array) -> Params:
   return weighted_sum(stacked, weights / jnp.sum(weights))
 
 
-def take(stacked: Params, indices: jax.Array) -> Params:
-  """Rows ``indices`` (``[K]`` int) of every leaf: ``[C, ...]`` -> ``[K, ...]``."""
+def take(stacked: Params, indices: jax.Array | int) -> Params:
+  """Rows ``indices`` (``[K]`` ints, or one) of every leaf: ``[C, ...]`` ->
+  ``[K, ...]`` (``[...]`` for one).
+
+  Raises:
+    ValueError: a concrete index outside ``[0, C)``. Traced ones (under
+      jit) cannot be checked: one out of range is clamped (``100`` of 32
+      clients takes client 31).
+  """
+  if not isinstance(indices, jax.core.Tracer):
+    ids = np.asarray(indices)
+    num = jax.tree.leaves(stacked)[0].shape[0]
+    if not np.issubdtype(ids.dtype, np.integer):
+      raise ValueError(f"client indices must be integers, got {ids.dtype}")
+    outside = ids[(ids < 0) | (ids >= num)]
+    if outside.size:
+      raise ValueError(f"client indices {outside.tolist()[:5]} are out of "
+                       f"range: the {num} clients are 0..{num - 1}")
   return jax.tree.map(lambda leaf: leaf[indices], stacked)
 
 
