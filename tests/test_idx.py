@@ -157,7 +157,11 @@ def test_search_order(tmp_path, monkeypatch, no_search_roots):
   assert loc.kind == "idx"
   assert loc.path == str(tmp_path / "given" / "fashion_mnist")
   assert loc.files[0].endswith(IMAGES + ".gz")
-  # Then the environment variable (raw files).
+  # Then the environment variable (raw files); a --data_dir that does not
+  # exist is an error, not a place to look past.
+  with pytest.raises(D.DatasetUnavailableError, match="is not a directory"):
+    D.locate("fashion_mnist", str(tmp_path / "elsewhere"))
+  (tmp_path / "elsewhere").mkdir()
   loc = D.locate("fashion_mnist", str(tmp_path / "elsewhere"))
   assert loc.path == str(tmp_path / "env") and loc.files[1].endswith(LABELS)
   loc = D.locate("fashion_mnist")

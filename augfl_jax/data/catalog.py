@@ -258,12 +258,15 @@ def locate(name: str, data_dir: str | None = None) -> Location:
 
   Raises:
     ValueError: unknown ``name``.
-    DatasetUnavailableError: not found; one line naming the files expected,
-      every place searched and how to get them. Or a tfds prepared copy
-      found without TensorFlow and tensorflow-datasets installed (the
-      ``tfds`` extra).
+    DatasetUnavailableError: ``data_dir`` is not a directory; or not found:
+      one line naming the files expected, every place searched and how to
+      get them; or a tfds prepared copy found without TensorFlow and
+      tensorflow-datasets installed (the ``tfds`` extra).
   """
   spec_ = spec(name)
+  if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
+    raise DatasetUnavailableError(
+        f"--data.data_dir {data_dir} is not a directory on this machine")
   if spec_.embedded:
     return Location("embedded", "")
   searched = []

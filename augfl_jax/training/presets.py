@@ -6,8 +6,9 @@ the dataset's preset (:data:`DATASET_PRESETS`), the paper's values
 protocol sizes (:mod:`augfl_jax.data.catalog`) and the backend's measured
 choices (``clients.default_strategy``, ``models.default_conv_impl``).
 :func:`validate` resolves and checks everything that can be checked before
-data is loaded or anything is compiled, and raises ``ValueError`` with one
-line naming the flag (``--augfl.rho``) and what would be right.
+data is loaded or anything is compiled (the sizes against the machine:
+:mod:`.feasibility`), and raises ``ValueError`` with one line naming the
+flag (``--augfl.rho``) and what would be right.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 
 from augfl_jax import algorithms, clients, data, models, pm
 from augfl_jax import fields
+from augfl_jax.training import feasibility
 from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
                                        unused_sections)
 
@@ -249,8 +251,11 @@ def validate(config: RunConfig) -> RunConfig:
     if not ok:
       raise ValueError(message)
   if role != "none":
-    model_kwargs(config.pm.model, config.norm, config.pm.kwargs,
-                 config.conv_impl)
+    kwargs = model_kwargs(config.pm.model, config.norm, config.pm.kwargs,
+                          config.conv_impl)
+    if config.pm.kwargs:
+      feasibility.check_pm_kwargs(config, kwargs)
+  feasibility.check(config, unread_sections(config))
   clients.ClientStrategy(config.strategy, config.chunk_size or None)
   location = data.locate(config.dataset, config.data.data_dir)
   if config.eval.test_split == "on":

@@ -1,0 +1,133 @@
+"""What a resolved configuration asks of the machine and of its models,
+checked before anything is loaded or compiled (:func:`check`, called by
+``presets.validate``), each refusal one line naming the flag:
+
+* every integer fits 32 bits (the index type of JAX's arrays):
+  ``--rounds=99999999999999999999`` is refused, not run for ever;
+* ``--eval.steps`` is at most :data:`MAX_EVAL_STEPS`: an evaluation takes
+  that many SGD steps per held-out client in one XLA call;
+* the memory a value needs, where it follows from the configuration alone
+  (:func:`memory_needs`: a minibatch of a batch size, CRD's contrast scores
+  of ``nce_k`` negatives, the clients' examples), is at most the machine's
+  (:func:`machine_memory`). The needs are lower bounds: a value refused
+  here could never run, one accepted may still not fit;
+* ``--pm.kwargs`` builds the PM (unknown or ill-typed arguments).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+
+from augfl_jax import data, fields, models
+from augfl_jax.training.config import RunConfig
+
+INT_RANGE = (-2 ** 31, 2 ** 31 - 1)
+MAX_EVAL_STEPS = 10_000
+# One example's shape, by dataset (the IDX datasets: 28x28 grey images).
+EXAMPLE_SHAPES = {"digits": (8, 8, 1), "synthetic": (60,),
+                  "cifar10": (32, 32, 3), "cifar100": (32, 32, 3)}
+IDX_SHAPE = (28, 28, 1)
+FLOAT_BYTES = 4
+
+
+def example_shape(dataset: str) -> tuple[int, ...] | None:
+  """The shape of one example of ``dataset`` (canonical name); ``None``
+  when it is not known before the data are read."""
+  if dataset in EXAMPLE_SHAPES:
+    return EXAMPLE_SHAPES[dataset]
+  return IDX_SHAPE if data.DATASETS[dataset].idx_files else None
+
+
+def machine_memory() -> tuple[int, str]:
+  """``(bytes, what)``: the default device's memory (an accelerator's
+  limit), else the host's physical memory."""
+  device = jax.devices()[0]
+  limit = (device.memory_stats() or {}).get("bytes_limit") if (
+      device.platform != "cpu") else None
+  if limit:
+    return int(limit), f"the memory of the {device.device_kind}"
+  return (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+          "this machine's memory")
+
+
+def memory_needs(config: RunConfig, unread: tuple[str, ...]
+                ) -> list[tuple[str, int, str]]:
+  """``[(flag, bytes, what)]``: lower bounds of the memory that values of
+  ``config`` need (sections in ``unread`` are left out)."""
+  shape = example_shape(config.dataset) or (1,)
+  example = FLOAT_BYTES * math.prod(shape)
+  needs = []
+  for name, _, _, value in fields.walk(config):
+    if (name.rpartition(".")[2] == "batch_size" and isinstance(value, int)
+        and name.partition(".")[0] not in unread):
+      needs.append((name, value * example, f"one minibatch of {value} "
+                    f"examples of shape {shape}"))
+  d = config.data
+  if config.dataset != "synthetic":  # synthetic: natural clients
+    needs.append(("data.M", d.num_clients * d.M * example,
+                  f"the examples of {d.num_clients} clients of at least "
+                  f"{d.M}"))
+  if config.dataset != "synthetic" and config.eval.test_split != "off":
+    needs.append(("eval.test_clients", config.eval.test_clients * d.M *
+                  example, f"the examples of {config.eval.test_clients} "
+                  f"test-split clients of at least {d.M}"))
+  if "crd" not in unread:
+    b, k = config.crd.batch_size, config.crd.negatives
+    needs.append(("crd.nce_k", FLOAT_BYTES * b * (k + 1),
+                  f"the contrast scores of a server minibatch, {b} x "
+                  f"{k + 1} float32"))
+  return needs
+
+
+def _gigabytes(size: int) -> str:
+  return f"{size / 1e9:,.1f} GB"
+
+
+def check_pm_kwargs(config: RunConfig, kwargs: dict) -> None:
+  """Builds the PM with ``kwargs`` (``presets.model_kwargs``) and, where
+  the example's shape is known, traces its initialisation (nothing is
+  compiled); ``ValueError`` naming ``--pm.kwargs`` when it fails."""
+  num_classes = data.DATASETS[config.dataset].num_classes
+  shape = example_shape(config.dataset)
+  try:
+    module = models.create_model(config.pm.model, num_classes, **kwargs)
+    if shape is not None:
+      jax.eval_shape(lambda: models.init_params(
+          module, jax.random.key(0), shape))
+  except Exception as e:  # pylint: disable=broad-except
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+    raise ValueError(f"--pm.kwargs={config.pm.kwargs} does not build a "
+                     f"{config.pm.model} PM ({type(e).__name__}: "
+                     f"{reason[:200]})") from None
+
+
+def check(config: RunConfig, unread: tuple[str, ...]) -> None:
+  """The checks of the module docstring on the resolved ``config`` but the
+  PM's kwargs' (:func:`check_pm_kwargs`); ``unread``: the sections its run
+  does not read (``presets.unread_sections``).
+
+  Raises:
+    ValueError: one line naming the flag, the bound and the value.
+  """
+  for name, _, _, value in fields.walk(config):
+    if isinstance(value, bool) or not isinstance(value, int):
+      continue
+    low, high = INT_RANGE
+    if not low <= value <= high:
+      raise ValueError(f"--{name} must be in [{low}, {high}] (a 32-bit "
+                       f"integer), got {value}")
+  if config.eval.steps > MAX_EVAL_STEPS:
+    raise ValueError(
+        f"--eval.steps must be at most {MAX_EVAL_STEPS:,} (every "
+        "evaluation takes that many SGD steps on each held-out client in "
+        f"one XLA call), got {config.eval.steps:,}")
+  available, where = machine_memory()
+  for name, size, what in memory_needs(config, unread):
+    if size > available:
+      raise ValueError(
+          f"--{name}={fields.get(config, name)} needs at least "
+          f"{_gigabytes(size)} ({what}), more than the "
+          f"{_gigabytes(available)} of {where}")
