@@ -31,6 +31,14 @@ its structure, with shapes checked against it and values cast to its dtypes
 (``jax.Array`` leaves where ``like`` has ``jax.Array`` or
 ``ShapeDtypeStruct`` leaves, numpy where it has numpy).
 
+Verified: :func:`save` records a CRC-32 of every array of the tree and a
+CRC-32 of the metadata itself (:func:`seal`); :func:`restore` and
+:func:`restore_metadata` check them and raise
+:class:`DamagedCheckpointError` naming the first differing array (a flipped
+bit, an edited value). A checkpoint saved before the checksums were kept
+reads back unchecked (:func:`has_checksums` says which); the returned
+metadata never holds the checksums.
+
 A run's numbered checkpoints (its state every N rounds, the newest two kept,
 verified on restore) are :mod:`augfl_jax.training.checkpoints`, on orbax's
 ``CheckpointManager``; this module keeps single checkpoints such as a PM's.
@@ -40,8 +48,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
+import zlib
 from typing import Any, Mapping
 
 import jax
@@ -49,10 +59,75 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-__all__ = ["save", "restore", "restore_metadata", "exists"]
+__all__ = ["DamagedCheckpointError", "checksums", "exists", "has_checksums",
+           "restore", "restore_metadata", "save", "seal", "check_seal",
+           "check_checksums"]
 
 _STATE = "state"
 _METADATA = "metadata"
+# Metadata keys of the checks: a CRC-32 per array, and of the metadata.
+CHECKSUMS = "checksums"
+SEAL = "metadata_crc32"
+
+
+class DamagedCheckpointError(ValueError):
+  """A checkpoint reads back, but an array or its metadata differs from what
+  was saved (a checksum mismatch: a flipped bit, an edited value)."""
+
+
+def checksums(tree: Any) -> dict[str, int]:
+  """``{leaf path: CRC-32 of its bytes}`` (typed PRNG keys by their data)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
+        leaf.dtype, jax.dtypes.prng_key):
+      leaf = jax.random.key_data(leaf)
+    out[jax.tree_util.keystr(path)] = zlib.crc32(
+        np.ascontiguousarray(jax.device_get(leaf)).tobytes())
+  return out
+
+
+def check_checksums(tree: Any, saved: Mapping[str, int], where: str) -> None:
+  """Raises :class:`DamagedCheckpointError` naming the leaves of ``tree``
+  whose :func:`checksums` differ from ``saved``."""
+  # Attribute keys as dict keys: restored without ``like``, a custom node
+  # (a flax dataclass) comes back as a dict of its fields.
+  normal = lambda k: re.sub(r"\.(\w+)", r"['\1']", k)
+  saved = {normal(k): v for k, v in saved.items()}
+  bad = [k for k, v in checksums(tree).items() if saved.get(normal(k)) != v]
+  if bad:
+    raise DamagedCheckpointError(
+        f"checksum mismatch in {', '.join(bad[:3])}"
+        + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        + f" of {where}")
+
+
+def _crc(metadata: Mapping[str, Any]) -> int:
+  body = {k: v for k, v in metadata.items() if k != SEAL}
+  return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
+def seal(metadata: Mapping[str, Any]) -> dict[str, Any]:
+  """``metadata`` as it reads back from JSON, with the CRC-32 of its
+  canonical JSON under :data:`SEAL`.
+
+  Raises:
+    TypeError: ``metadata`` is not JSON-serialisable.
+  """
+  metadata = json.loads(json.dumps(dict(metadata)))
+  return {**metadata, SEAL: _crc(metadata)}
+
+
+def check_seal(metadata: Mapping[str, Any], where: str) -> bool:
+  """Whether ``metadata`` is sealed (:func:`seal`); raises
+  :class:`DamagedCheckpointError` when its seal does not match it."""
+  if SEAL not in metadata:
+    return False
+  if metadata[SEAL] != _crc(metadata):
+    raise DamagedCheckpointError(
+        f"the metadata of {where} does not match its checksum: edited or "
+        "corrupted")
+  return True
 
 
 def _checkpointer() -> ocp.Checkpointer:
@@ -76,7 +151,8 @@ def save(directory: str | os.PathLike, tree: Any,
   Args:
     directory: the checkpoint directory (its parent is created if needed).
     tree: a pytree of arrays / scalars (typed PRNG keys allowed).
-    metadata: a JSON-serialisable mapping (tuples come back as lists).
+    metadata: a JSON-serialisable mapping (tuples come back as lists);
+      the checksums of ``tree`` and of itself are added.
     overwrite: replace an existing checkpoint at ``directory``; the old one
       stays readable until the new one is complete.
 
@@ -85,8 +161,7 @@ def save(directory: str | os.PathLike, tree: Any,
     TypeError: ``metadata`` is not JSON-serialisable.
   """
   path = _abspath(directory)
-  metadata = dict(metadata)
-  json.dumps(metadata)  # Fail before writing anything.
+  metadata = seal({**metadata, CHECKSUMS: checksums(tree)})  # may raise
   if os.path.exists(path) and not overwrite:
     raise FileExistsError(
         f"{path} already exists; pass overwrite=True to replace it.")
@@ -109,14 +184,8 @@ def _unreadable(path: str, error: BaseException) -> FileNotFoundError:
       f"No readable checkpoint at {path} ({type(error).__name__}: {error})")
 
 
-def restore_metadata(directory: str | os.PathLike) -> dict[str, Any]:
-  """Reads only the metadata dict (no arrays) of the checkpoint at ``directory``.
-
-  Raises:
-    FileNotFoundError: ``directory`` is missing or not a readable checkpoint;
-      the message names the path.
-  """
-  path = _abspath(directory)
+def _read_metadata(path: str) -> dict[str, Any]:
+  """The metadata item as saved (with its checks), its seal checked."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"No checkpoint at {path}")
   try:
@@ -128,12 +197,32 @@ def restore_metadata(directory: str | os.PathLike) -> dict[str, Any]:
   if not isinstance(metadata, dict):
     raise FileNotFoundError(
         f"No readable checkpoint at {path} (its metadata is not a dict)")
+  check_seal(metadata, f"the checkpoint at {path}")
   return metadata
+
+
+def has_checksums(directory: str | os.PathLike) -> bool:
+  """Whether the checkpoint at ``directory`` was saved with checksums (is
+  verified on restore); raises as :func:`restore_metadata`."""
+  return CHECKSUMS in _read_metadata(_abspath(directory))
+
+
+def restore_metadata(directory: str | os.PathLike) -> dict[str, Any]:
+  """Reads only the metadata dict (no arrays) of the checkpoint at
+  ``directory``, its checksum checked.
+
+  Raises:
+    FileNotFoundError: ``directory`` is missing or not a readable checkpoint;
+      the message names the path.
+    DamagedCheckpointError: the metadata differs from what was saved.
+  """
+  metadata = _read_metadata(_abspath(directory))
+  return {k: v for k, v in metadata.items() if k not in (CHECKSUMS, SEAL)}
 
 
 def restore(directory: str | os.PathLike,
             like: Any = None) -> tuple[Any, dict[str, Any]]:
-  """Restores ``(tree, metadata)`` saved by :func:`save`.
+  """Restores ``(tree, metadata)`` saved by :func:`save`, verified.
 
   Args:
     directory: the checkpoint directory.
@@ -146,10 +235,12 @@ def restore(directory: str | os.PathLike,
   Raises:
     FileNotFoundError: ``directory`` is missing or not a readable checkpoint;
       the message names the path.
+    DamagedCheckpointError: an array or the metadata differs from what was
+      saved.
     ValueError: the checkpoint is readable but does not fit ``like``.
   """
   path = _abspath(directory)
-  metadata = restore_metadata(path)
+  metadata = _read_metadata(path)
   try:
     restored = _checkpointer().restore(
         path, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(
@@ -163,7 +254,10 @@ def restore(directory: str | os.PathLike,
         f"({type(e).__name__}: {e})") from e
   if like is not None:
     tree = _check_like(path, like, tree)
-  return tree, metadata
+  if CHECKSUMS in metadata:
+    check_checksums(tree, metadata[CHECKSUMS], f"the checkpoint at {path}")
+  return tree, {k: v for k, v in metadata.items()
+                if k not in (CHECKSUMS, SEAL)}
 
 
 def _check_like(path: str, like: Any, tree: Any) -> Any:

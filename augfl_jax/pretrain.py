@@ -36,10 +36,16 @@ from augfl_jax.pretrain_recipe import (DECAY_FRACTIONS, PretrainConfig,
                                        decay_epochs, make_optimizer)
 from augfl_jax.types import Batch, Params
 
-__all__ = ["DECAY_FRACTIONS", "PretrainConfig", "decay_epochs",
+__all__ = ["DECAY_FRACTIONS", "PretrainConfig", "Stopped", "decay_epochs",
            "make_optimizer", "pretrain"]
 
 Log = Callable[[str], None]
+
+
+class Stopped(Exception):
+  """Pretraining (or the wait for another process pretraining the same PM)
+  ended early because ``should_stop()`` said so; nothing was returned or
+  saved. The message says where it stopped."""
 
 
 def _loss_and_correct(model: nn.Module, with_stats: bool = False,
@@ -160,7 +166,8 @@ def _rates(sums: jax.Array) -> tuple[float, float]:
 
 
 def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
-             log: Log | None = None, log_seconds: float = 30.0
+             log: Log | None = None, log_seconds: float = 30.0,
+             should_stop: Callable[[], bool] | None = None
             ) -> tuple[Params, dict[str, float]]:
   """Trains ``model`` from scratch on the server split.
 
@@ -176,6 +183,8 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
       every ``log_seconds`` (within an epoch too), each with the time per
       step and the time left.
     log_seconds: the longest silence between two progress lines.
+    should_stop: asked after every step; True ends pretraining there
+      (:class:`Stopped`).
 
   Returns:
     ``(variables, metrics)``: ``variables = {"params": ..., "batch_stats":
@@ -190,6 +199,7 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
 
   Raises:
     FloatingPointError: the training loss became inf/NaN.
+    Stopped: ``should_stop()`` returned True.
   """
   config.validate()
   start = time.perf_counter()
@@ -223,6 +233,9 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
           params, stats, opt_state, sums, batches, step)
       loss.block_until_ready()  # the clock follows the computation
       progress.step()
+      if should_stop is not None and should_stop():
+        raise Stopped(f"at epoch {epoch}/{config.epochs}, step {step + 1}/"
+                      f"{steps_per_epoch}")
       if log is not None and (estimate := progress.long_estimate("step")):
         log(f"pm pretraining will take long: {estimate}; a smaller PM or "
             "fewer epochs shorten it, e.g. --pm.model=cnn --pm.epochs=10 "

@@ -78,7 +78,8 @@ def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
                     "change from the checkpoint's, after a non-finite "
                     "round; each change is logged and recorded in "
                     "changes.jsonl (any of: "
-                    + ", ".join(training.STEP_SIZE_FIELDS) + ")")
+                    + ", ".join(training.RESUME_CHANGES) + "; augfl.lam "
+                    "not to or from 0)")
   flags.DEFINE_bool("compilation_cache", True, "keep compiled programs in "
                     "JAX's persistent cache (--compilation_cache_dir) so "
                     "that later runs start faster")

@@ -19,9 +19,10 @@ Outputs go to ``--output_dir`` (default
 ``runs/<dataset>_<algorithm>_seed<seed>``).
 Ctrl-C (SIGINT) or SIGTERM finishes the current round, saves a checkpoint
 and exits with 128 + the signal's number, printing the command that resumes
-the run; one that comes before the first round ends the command at once
-with a line saying nothing was trained or saved, and one in the last round
-lets the run finish; the exit code is the same.
+the run; one that comes before the first round (PM pretraining included)
+ends the command at its next step with a line saying what was kept, and one
+in the last round lets the run finish; the exit code is the same. A second
+one ends the process at once, even inside a long XLA call.
 """
 
 from __future__ import annotations
@@ -112,8 +113,12 @@ def main(argv):
   except KeyboardInterrupt:
     print("interrupted at once (a second signal); resume from the newest "
           f"checkpoint, if any, with: {resume_command(sys.argv)}",
-          file=sys.stderr)
-    sys.exit(130)
+          file=sys.stderr, flush=True)
+    # os._exit, not sys.exit: the interpreter's exit would wait for the
+    # computation in flight (an XLA call may last minutes); what is on disk
+    # is what a kill -9 leaves, which --resume reads.
+    sys.stdout.flush()
+    os._exit(130)  # pylint: disable=protected-access
   if late is not None:
     print(f"interrupted: {signal.Signals(late).name} in the last round: the "
           "run finished and saved its results", file=sys.stderr)

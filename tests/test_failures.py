@@ -171,8 +171,8 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_files_the_tool_did_not_write_are_never_removed(tmp_path, overwrite):
   """A directory holding files of the names a run writes, which no manifest
-  of this tool claims, is refused (even with --overwrite) and left as it
-  is; files of other names do not matter."""
+  of this tool claims, or files of other names, is refused (even with
+  --overwrite) and left as it is."""
   out = tmp_path / "mine"
   out.mkdir()
   (out / "metrics.jsonl").write_text("my notes\n")
@@ -185,14 +185,14 @@ def test_files_the_tool_did_not_write_are_never_removed(tmp_path, overwrite):
   assert sorted(os.listdir(out)) == [".augfl_jax.lock", "metrics.jsonl",
                                      "notes.txt"]
   assert (out / "metrics.jsonl").read_text() == "my notes\n"
-  # Next to files of other names, a run writes its own (and owns them).
+  # Files of other names alone: refused too, nothing written beside them.
   other = tmp_path / "other"
   other.mkdir()
   (other / "notes.txt").write_text("other\n")
-  training.run(config, str(other), log=QUIET, overwrite=overwrite)
-  training.run(config, str(other), log=QUIET, overwrite=True)
-  assert (other / "notes.txt").read_text() == "other\n"
-  assert (other / "summary.json").exists()
+  with pytest.raises(training.OutputDirError,
+                     match="holds notes.txt, which augfl_jax did not write"):
+    training.run(config, str(other), log=QUIET, overwrite=overwrite)
+  assert sorted(os.listdir(other)) == [".augfl_jax.lock", "notes.txt"]
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused(tmp_path):

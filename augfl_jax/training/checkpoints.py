@@ -2,15 +2,17 @@
 
 ``<dir>/step_<round>/`` holds two items: ``state`` (the whole run state: the
 algorithm's server and stacked client state, the regulariser's state, PRNG
-keys) and ``meta`` (JSON: the round, the configuration, the training losses
-not yet reported, the seconds spent, and a CRC-32 of every array of
-``state``). orbax writes each step to a temporary directory and renames it
-into place, saves in the background (the arrays are copied to the host
-before :meth:`RunCheckpoints.save` returns) and keeps the newest ``keep``
-steps. :meth:`RunCheckpoints.restore` checks the CRCs and falls back to the
-previous step, saying so, when the newest is truncated or corrupt, and
-moves the damaged newer steps aside (``step_<n>.damaged``, which orbax
-ignores), so that the resumed run can save those steps again.
+keys) and ``meta`` (JSON: the round, the configuration, the metrics records,
+the training losses not yet reported, the seconds spent, the digest of the
+data, a CRC-32 of every array of ``state`` and one of ``meta`` itself,
+:func:`augfl_jax.checkpoint.seal`). orbax writes each step to a temporary
+directory and renames it into place, saves in the background (the arrays
+are copied to the host before :meth:`RunCheckpoints.save` returns) and
+keeps the newest ``keep`` steps. :meth:`RunCheckpoints.restore` checks the
+CRCs and falls back to the previous step, saying so, when the newest is
+truncated, corrupt or edited, and moves the damaged newer steps aside
+(``step_<n>.damaged``, which orbax ignores), so that the resumed run can
+save those steps again.
 
 A save that fails (a full disk, a file system gone read-only) raises
 :class:`CheckpointError` in one line, at the next save, :meth:`wait` or
@@ -19,16 +21,15 @@ A save that fails (a full disk, a file system gone read-only) raises
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
-import zlib
 from typing import Any, Callable
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
+
+from augfl_jax.checkpoint import check_checksums, check_seal, checksums, seal
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
 
@@ -63,18 +64,6 @@ def _quiet_closed_loop_callbacks() -> None:
   sys.unraisablehook = hook
 
 
-def checksums(tree: Any) -> dict[str, int]:
-  """``{leaf path: CRC-32 of its bytes}`` (typed PRNG keys by their data)."""
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
-        leaf.dtype, jax.dtypes.prng_key):
-      leaf = jax.random.key_data(leaf)
-    out[jax.tree_util.keystr(path)] = zlib.crc32(
-        np.ascontiguousarray(jax.device_get(leaf)).tobytes())
-  return out
-
-
 class RunCheckpoints:
   """The checkpoints under ``directory`` (module docstring).
 
@@ -88,6 +77,7 @@ class RunCheckpoints:
     if keep < 2:
       raise ValueError(f"keep must be >= 2, got {keep}")
     self.directory = os.path.abspath(directory)
+    self._reported = set()  # the damaged steps already logged
     _quiet_closed_loop_callbacks()
     self._remove_unfinished_saves()
     self._manager = ocp.CheckpointManager(
@@ -130,7 +120,7 @@ class RunCheckpoints:
     """
     # A copy taken now: the save runs in the background, and the caller may
     # change what ``meta`` holds (the loop appends to its pending losses).
-    meta = json.loads(json.dumps({**meta, "checksums": checksums(state)}))
+    meta = seal({**meta, "checksums": checksums(state)})
     try:
       os.makedirs(self.directory, exist_ok=True)
       self._manager.save(step, args=ocp.args.Composite(
@@ -154,9 +144,13 @@ class RunCheckpoints:
                             f"failed ({_reason(e)})") from None
 
   def read_meta(self, step: int) -> dict[str, Any]:
-    """A step's ``meta`` item alone (no arrays read)."""
-    return self._manager.restore(step, args=ocp.args.Composite(
+    """A step's ``meta`` item alone (no arrays read), its checksum checked
+    (``DamagedCheckpointError``)."""
+    meta = self._manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"]
+    if isinstance(meta, dict):
+      check_seal(meta, f"step {step}")
+    return meta
 
   def latest_meta(self, log: Callable[[str], None]
                  ) -> tuple[int, dict[str, Any]]:
@@ -176,8 +170,7 @@ class RunCheckpoints:
         return step, meta
       except Exception as e:  # pylint: disable=broad-except
         problems.append(f"step {step}: {_reason(e)}")
-        log(f"checkpoint {self.path(step)} is damaged ({_reason(e)}); "
-            "trying the one before it")
+        self._report(step, _reason(e), log)
     raise CheckpointError(
         f"no checkpoint in {self.directory} reads back ("
         f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
@@ -207,16 +200,15 @@ class RunCheckpoints:
             state=ocp.args.StandardRestore(abstract),
             meta=ocp.args.JsonRestore()))
         state, meta = item["state"], item["meta"]
-        bad = [k for k, v in checksums(state).items()
-               if meta.get("checksums", {}).get(k) != v]
-        if bad:
-          raise ValueError(f"checksum mismatch in {', '.join(bad[:3])}")
+        if not check_seal(meta, f"step {step}"):
+          log(f"checkpoint {self.path(step)} was saved without a checksum "
+              "of its metadata (an older version): its records are not "
+              "verified")
+        check_checksums(state, meta.get("checksums", {}), f"step {step}")
       except Exception as e:  # pylint: disable=broad-except
-        reason = _reason(e)
-        problems.append(f"step {step}: {reason}")
+        problems.append(f"step {step}: {_reason(e)}")
         damaged.append(step)
-        log(f"checkpoint {self.path(step)} is damaged ({reason}); trying "
-            "the one before it")
+        self._report(step, _reason(e), log)
         continue
       for bad_step in damaged:
         self._set_aside(bad_step, log)
@@ -225,6 +217,14 @@ class RunCheckpoints:
         f"no checkpoint in {self.directory} reads back whole ("
         f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
         "start the run again")
+
+  def _report(self, step: int, reason: str,
+              log: Callable[[str], None]) -> None:
+    """Logs, once per step, that ``step`` is damaged and skipped."""
+    if step not in self._reported:
+      self._reported.add(step)
+      log(f"checkpoint {self.path(step)} is damaged ({reason}); trying the "
+          "one before it")
 
   def _set_aside(self, step: int, log: Callable[[str], None]) -> None:
     """Renames damaged ``step_<n>`` to ``step_<n>.damaged`` (replacing an

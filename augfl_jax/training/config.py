@@ -230,6 +230,10 @@ STEP_SIZE_FIELDS = ("augfl.alpha", "eval.alpha", "fedavg.lr",
                     "fedbc.beta", "fedproto.lr", "fedpcl.lr", "fedcp.lr",
                     "fedit.lr", "fedoa.lr", "fedoa.personal_lr",
                     "crd.head_lr", "crd.student_lr")
+# What ``resume_changes`` may name: the step sizes, and AugFL's weight of
+# R_h (a huge lam makes a round non-finite too), though not to or from 0,
+# which adds or removes the PM and its state.
+RESUME_CHANGES = STEP_SIZE_FIELDS + ("augfl.lam",)
 
 
 def algorithm_config(config: RunConfig):
@@ -244,7 +248,9 @@ def unused_sections(algorithm: str) -> tuple[str, ...]:
   return tuple(sorted(set(SECTIONS.values()) - {SECTIONS[algorithm]}))
 
 
-def step_size_fields(config: RunConfig) -> tuple[str, ...]:
-  """The :data:`STEP_SIZE_FIELDS` of ``config.algorithm``'s section."""
+def fields_to_lower(config: RunConfig) -> tuple[str, ...]:
+  """What a non-finite round advises to lower: the :data:`RESUME_CHANGES`
+  of ``config.algorithm``'s section (AugFL's lam only when > 0)."""
   head = SECTIONS[config.algorithm] + "."
-  return tuple(n for n in STEP_SIZE_FIELDS if n.startswith(head))
+  return tuple(n for n in RESUME_CHANGES if n.startswith(head) and (
+      n != "augfl.lam" or config.augfl.lam > 0))

@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from augfl_jax import data
+from augfl_jax import checkpoint, data, pretrain
 from augfl_jax.progress import counted
 from augfl_jax.training import presets, rounds, wiring
 from augfl_jax.training import resume as resuming
@@ -68,10 +68,10 @@ def run(config: RunConfig, output_dir: str,
       configuration may differ only in ``RESUMABLE_FIELDS`` and
       ``resume_changes``; a larger ``rounds`` trains further).
     overwrite: replace the run ``output_dir`` holds (only its own files).
-    resume_changes: dotted names of step sizes (``STEP_SIZE_FIELDS``) that
-      this resumed run may change, e.g. ``("fedavg.lr",)`` after a
-      non-finite round; each change is logged and recorded in
-      ``changes.jsonl``.
+    resume_changes: dotted names of step sizes, or AugFL's lam
+      (``RESUME_CHANGES``), that this resumed run may change, e.g.
+      ``("fedavg.lr",)`` after a non-finite round; each change is logged
+      and recorded in ``changes.jsonl``.
     transform_data: applied to the federated data before training (tests
       put a NaN into a client; ``experiments.ood`` swaps in rotated
       domains); returns the data, or ``(data, description)``.
@@ -140,20 +140,39 @@ def _train(config, out, checkpoints, log, checkpoint_every, resume,
   if config.clients_per_round > num_clients:  # before anything compiles
     raise ValueError(f"--clients_per_round={config.clients_per_round} is "
                      f"more than the {num_clients} training clients")
+  digest = resuming.data_digest(fed)
+  if resumed_from is not None:  # before the PM and the algorithm are built
+    resuming.check_data(checkpoints.read_meta(resumed_from), digest,
+                        checkpoints.path(resumed_from), log)
   log(description)
-  algo, params = wiring.build_algorithm(config, fed, log)
+  kept = None if resumed_from is None else checkpoints.path(start_round)
+  new_pm = (presets.pm_role(config) != "none" and
+            not checkpoint.exists(config.pm.dir))
+  try:
+    algo, params = wiring.build_algorithm(
+        config, fed, log, should_stop=lambda: stop.signum is not None)
+  except pretrain.Stopped as e:
+    raise RunInterrupted(
+        f"{signal.Signals(stop.signum).name} during PM pretraining ({e}): "
+        "this run saved no PM and trained no round", stop.signum,
+        start_round, kept) from None
   run_key = jax.random.split(jax.random.key(config.seed))[1]
   state = rounds.committed(algo.init(params, num_clients, run_key))
   if stop.signum is not None:
+    pm_kept = (f"; the PM it pretrained is saved in {config.pm.dir} and is "
+               "reused" if new_pm and checkpoint.exists(config.pm.dir)
+               else "")
     raise RunInterrupted(
         f"{signal.Signals(stop.signum).name} before the first round: "
-        "nothing was trained or saved", stop.signum, start_round,
-        None if resumed_from is None else checkpoints.path(start_round))
+        f"nothing was trained{'' if pm_kept else ' or saved'}{pm_kept}",
+        stop.signum, start_round, kept)
+  resumed = None if resumed_from is None else resuming.restore(
+      config, out, checkpoints, state, resume_changes, log)
 
-  done = [start_round]  # the last round completed (for error messages)
+  done = [start_round if resumed is None else resumed.round]
   try:
     return rounds.run_rounds(config, out, checkpoints, log, checkpoint_every,
-                              resume_changes, stop, fed, description, algo,
-                              state, resumed_from, done)
+                              stop, fed, description, digest, algo, state,
+                              resumed, done)
   except (OSError, CheckpointError) as e:
     raise resuming.write_error(e, out, checkpoints, done[0]) from None

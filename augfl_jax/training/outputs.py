@@ -6,8 +6,9 @@
   its process dies (any signal, ``kill -9``), so a stale lock never blocks.
 * **Only its own files.** A run records what it writes in the manifest
   ``<dir>/.augfl_jax.json``; ``overwrite`` removes only the files named there
-  and a directory holding files of these names that no manifest claims is
-  refused, never cleared.
+  and a directory holding any other file (or files of these names that no
+  manifest claims) is refused, never cleared. A damaged manifest is named,
+  with the command that restores it.
 * **Atomic files.** JSON files are written to a temporary sibling, synced
   and renamed into place; ``metrics.jsonl`` is rewritten the same way when a
   run resumes, and read tolerantly (a torn last line is dropped, naming the
@@ -17,14 +18,15 @@
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
+import shlex
 import shutil
 import tempfile
 import uuid
 from typing import Any, Callable, Iterator
+
+from augfl_jax import locks
 
 __all__ = ["OWN_FILES", "OutputDir", "OutputDirError", "write_json_atomic"]
 
@@ -33,6 +35,11 @@ OWN_FILES = ("config.json", "partition.txt", "metrics.jsonl", "summary.json",
              "checkpoints", "tb", "changes.jsonl")
 MANIFEST = ".augfl_jax.json"
 LOCK = ".augfl_jax.lock"
+# What the project's commands write beside a run (experiments.ood: FedOA's
+# personal accuracy): neither the run's own files nor another's.
+BESIDE_RUN = ("personal.json",)
+# Prefixes of this module's temporary files (a crash may leave one).
+TEMPORARY = (".tmp-", ".probe-")
 
 
 class OutputDirError(ValueError):
@@ -89,8 +96,10 @@ class OutputDir:
     read-only or full file system)."""
     try:
       os.makedirs(self.path, exist_ok=True)
-      with tempfile.NamedTemporaryFile(dir=self.path, prefix=".probe-"):
-        pass
+      with tempfile.NamedTemporaryFile(dir=self.path, prefix=".probe-") as f:
+        f.write(b"\0")  # an empty file needs no room on the disk
+        f.flush()
+        os.fsync(f.fileno())
     except OSError as e:
       raise OutputDirError(
           f"--output_dir {self.path} cannot be written: "
@@ -107,32 +116,16 @@ class OutputDir:
         never removes a directory another run has locked.
     """
     path = self.file(LOCK)
-    while True:
-      os.makedirs(self.path, exist_ok=True)
-      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-      try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      except OSError as e:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-        os.close(fd)
-        if e.errno not in (errno.EAGAIN, errno.EACCES):
-          raise
-        raise OutputDirError(
-            f"{self.path} is in use by another run (process {holder or '?'})"
-            "; wait for it to finish or choose another --output_dir"
-        ) from None
-      # The holder we waited for may have removed the file (and its
-      # directory) before releasing it: a lock on a removed file is no lock.
-      try:
-        same = os.path.samestat(os.fstat(fd), os.stat(path))
-      except FileNotFoundError:
-        same = False
-      if same:
-        break
-      os.close(fd)
     try:
-      os.ftruncate(fd, 0)
-      os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+      fd, holder = locks.try_lock(path)
+    except OSError as e:
+      raise OutputDirError(f"--output_dir {self.path} cannot be written: "
+                           f"{e.strerror or e}") from None
+    if fd is None:
+      raise OutputDirError(
+          f"{self.path} is in use by another run (process {holder}); wait "
+          "for it to finish or choose another --output_dir")
+    try:
       yield
     finally:
       try:
@@ -145,24 +138,41 @@ class OutputDir:
         os.close(fd)  # releases the lock
 
   def own_files(self) -> list[str]:
-    """The names the manifest says a run of this tool wrote here."""
+    """The names the manifest says a run of this tool wrote here.
+
+    Raises:
+      OutputDirError: the manifest is damaged (one line naming it and the
+        command that restores it).
+    """
     path = self.file(MANIFEST)
     if not os.path.exists(path):
       return []
     try:
       with open(path) as f:
         return [n for n in json.load(f)["files"] if n in OWN_FILES]
-    except (OSError, ValueError, KeyError, TypeError):
-      return []  # a torn manifest claims nothing
+    except (ValueError, KeyError, TypeError):
+      restore = json.dumps({"files": list(OWN_FILES)})
+      raise OutputDirError(
+          f"{path}, the list of the files augfl_jax wrote in {self.path}, "
+          "is damaged (empty or cut short: a crash or a full disk while it "
+          "was written); if the directory holds a run of augfl_jax and "
+          f"nothing of yours, restore it with: echo {shlex.quote(restore)} "
+          f"> {shlex.quote(path)}; else choose another --output_dir"
+      ) from None
 
   def present(self) -> list[str]:
     """The names of :data:`OWN_FILES` that exist in the directory."""
     return [n for n in OWN_FILES if os.path.lexists(self.file(n))]
 
   def foreign(self) -> list[str]:
-    """Files with the names a run writes that no manifest claims."""
+    """The files a run may not touch: those with the names a run writes
+    that no manifest claims, and any other file but the manifest, the lock,
+    :data:`BESIDE_RUN` and this module's temporary files."""
     own = set(self.own_files())
-    return [n for n in self.present() if n not in own]
+    known = set(OWN_FILES) | {MANIFEST, LOCK} | set(BESIDE_RUN)
+    others = sorted(n for n in os.listdir(self.path) if n not in known
+                    and not n.startswith(TEMPORARY))
+    return [n for n in self.present() if n not in own] + others
 
   def claim(self) -> None:
     """Records in the manifest that this run writes :data:`OWN_FILES`."""

@@ -1,19 +1,23 @@
 """Starting or resuming a run in its output directory: the checks of
 ``run``'s arguments, the plan (a fresh run or the checkpoint to resume
-from), the checkpoint's configuration against the resumed one, the step
-sizes a resume changes (``changes.jsonl``), the restored state, and the
-one-line error for a file of the run that could not be written.
+from), the checkpoint's configuration and data against the resumed one's,
+the step sizes a resume changes (``changes.jsonl``), the restored state,
+and the one-line error for a file of the run that could not be written.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 from typing import Any, NamedTuple, Sequence
 
+import jax
+import numpy as np
+
 from augfl_jax import data, fields
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
-from augfl_jax.training.config import (RESUMABLE_FIELDS, STEP_SIZE_FIELDS,
+from augfl_jax.training.config import (RESUMABLE_FIELDS, RESUME_CHANGES,
                                        RunConfig, unused_sections)
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 
@@ -21,20 +25,60 @@ from augfl_jax.training.outputs import OutputDir, OutputDirError
 def check_resume_config(saved: RunConfig, config: RunConfig,
                          resume_changes: Sequence[str], where: str) -> None:
   """Refuses a resumed configuration that differs from the checkpoint's
-  ``saved`` outside ``RESUMABLE_FIELDS`` and ``resume_changes``."""
+  ``saved`` outside ``RESUMABLE_FIELDS`` and ``resume_changes`` (and
+  AugFL's lam changed to or from 0)."""
+  if "augfl.lam" in resume_changes and (
+      (saved.augfl.lam == 0) != (config.augfl.lam == 0)):
+    raise ValueError(
+        f"--resume_changes=augfl.lam: lam may change on resume, but not to "
+        f"or from 0 (lam 0 trains without the PM, whose state the "
+        f"checkpoint {where} holds or lacks); got {saved.augfl.lam} -> "
+        f"{config.augfl.lam}")
   diff = fields.diff(saved, config, RESUMABLE_FIELDS + tuple(resume_changes)
                      + unused_sections(config.algorithm))
   if not diff:
     return
   names = [d.partition(":")[0] for d in diff]
-  if all(n in STEP_SIZE_FIELDS for n in names):
-    way_out = ("to continue with these step sizes, add --resume_changes="
+  if all(n in RESUME_CHANGES for n in names):
+    way_out = ("to continue with these values, add --resume_changes="
                + ",".join(list(resume_changes) + names))
   else:
     way_out = (f"only {', '.join(RESUMABLE_FIELDS)} may change on resume, "
-               "and the step sizes named in --resume_changes")
+               "and the step sizes (or augfl.lam) named in --resume_changes")
   raise ValueError(f"--resume: the checkpoint {where} is of another "
                    f"configuration ({'; '.join(diff)}); {way_out}")
+
+
+def data_digest(fed: data.FederatedData) -> str:
+  """SHA-256 (hex) of every array a run reads: the training, held-out and
+  test-split clients' examples, labels and masks, and the server split
+  (shapes and dtypes included)."""
+  digest = hashlib.sha256()
+  parts = (fed.train, fed.test, fed.server,
+           None if fed.test_split is None else fed.test_split.clients)
+  for leaf in jax.tree.leaves(parts):
+    array = np.ascontiguousarray(jax.device_get(leaf))
+    digest.update(f"{array.shape}{array.dtype.str}".encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def check_data(meta: dict[str, Any], digest: str, where: str, log) -> None:
+  """Refuses to resume the checkpoint ``where`` (its ``meta``) on data
+  other than those its run started with (:func:`data_digest`); a
+  checkpoint that records no digest (an older version) is said to be
+  unchecked."""
+  saved = meta.get("data_digest")
+  if saved is None:
+    log(f"checkpoint {where} records no digest of its data (an older "
+        "version): the data are not checked against it")
+  elif saved != digest:
+    raise ValueError(
+        f"--resume: the data differ from those the run of {where} started "
+        f"with (digest {saved[:12]}..., now {digest[:12]}...): another copy "
+        "of the dataset, other labels or another partition; pass the "
+        "--data.data_dir it read (partition.txt names the files), or run "
+        "in another --output_dir")
 
 
 def changed(saved: RunConfig, config: RunConfig,
@@ -126,10 +170,10 @@ def check_run_control(config: RunConfig, checkpoint_every: int,
     raise ValueError("--resume_changes names step sizes a resumed run "
                      "changes: it needs --resume")
   for name in resume_changes:
-    if name not in STEP_SIZE_FIELDS:
+    if name not in RESUME_CHANGES:
       raise ValueError(
           f"--resume_changes: {name} is not a step size; these may change "
-          f"on resume: {', '.join(STEP_SIZE_FIELDS)}")
+          f"on resume: {', '.join(RESUME_CHANGES)}")
   if config.dataset != "synthetic":  # synthetic: its natural clients
     train = data.num_train_clients(config.data.num_clients)
     if config.clients_per_round > train:
@@ -177,12 +221,11 @@ class Resumed(NamedTuple):
 
 
 def restore(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
-            state: Any, resume_changes: Sequence[str], done: list[int],
-            log) -> Resumed:
-  """The newest readable checkpoint, into ``state``'s structure, checked
-  against ``config`` (``done[0]``: its round, once restored)."""
+            state: Any, resume_changes: Sequence[str], log) -> Resumed:
+  """The newest checkpoint that reads back whole, into ``state``'s
+  structure, checked against ``config`` (``CheckpointError`` when none
+  does)."""
   start_round, state, meta = checkpoints.restore(state, log)
-  done[0] = start_round
   saved = fields.from_dict(RunConfig, meta["config"])
   check_resume_config(saved, config, resume_changes,
                       checkpoints.path(start_round))

@@ -19,7 +19,7 @@ from augfl_jax import evaluation, fields, intervals
 from augfl_jax.progress import Progress, counted
 from augfl_jax.training import presets
 from augfl_jax.training import resume as resuming
-from augfl_jax.training.config import step_size_fields
+from augfl_jax.training.config import fields_to_lower
 from augfl_jax.training.events import EventWriter
 from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
                                        describe, guard_round)
@@ -59,18 +59,17 @@ def committed(state: Any) -> Any:
   return jax.device_put(state, jax.devices()[0])
 
 
-def run_rounds(config, out, checkpoints, log, checkpoint_every,
-               resume_changes, stop, fed, description, algo, state,
-               resumed_from, done) -> dict[str, Any]:
-  """The rounds after ``resumed_from`` (``None``: all of them; ``done[0]``:
-  the last completed); the files' writes raise ``OSError`` /
+def run_rounds(config, out, checkpoints, log, checkpoint_every, stop, fed,
+               description, digest, algo, state, resumed, done
+              ) -> dict[str, Any]:
+  """The rounds after ``resumed`` (a ``resume.Resumed``; ``None``: all of
+  them; ``done[0]``: the last completed), each checkpoint recording the
+  data's ``digest``; the files' writes raise ``OSError`` /
   ``CheckpointError``."""
   num_clients = fed.train.num_clients
   history, train_losses, offset, changes = [], [], 0.0, {}
   start_round = 0
-  if resumed_from is not None:
-    resumed = resuming.restore(config, out, checkpoints, state,
-                               resume_changes, done, log)
+  if resumed is not None:
     start_round, history = resumed.round, resumed.history
     state = committed(resumed.state)
     train_losses, offset = resumed.train_losses, resumed.seconds
@@ -93,7 +92,7 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
   step = guard_round(algo.round, num_clients, fused=fused)
   start = time.perf_counter()
   progress = Progress(config.rounds, done=start_round)
-  saved_round = None if resumed_from is None else start_round
+  saved_round = None if resumed is None else start_round
   first_round_seconds, last_line = None, 0.0
 
   def save(round_: int, state_: Any) -> str:
@@ -101,6 +100,7 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
     path = checkpoints.save(round_, state_, {
         "round": round_, "config": fields.to_dict(config),
         "pending_train_losses": train_losses, "records": history,
+        "data_digest": digest,
         "seconds": offset + time.perf_counter() - start})
     return path
 
@@ -188,7 +188,7 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
            "accuracy_ci_high": interval.high}), r, "eval/")
     return line
 
-  events = EventWriter(out.file("tb"), None if resumed_from is None
+  events = EventWriter(out.file("tb"), None if resumed is None
                        else start_round + 1)
   with events, open(out.file("metrics.jsonl"), "a") as metrics_file:
     if (train_losses and (start_round % config.eval_every == 0 or
@@ -209,7 +209,7 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every,
       if not bool(ok):
         stop_nonfinite(r - 1, f"round {r}: non-finite "
                        + describe(flags, participants, metrics),
-                       step_size_fields(config))
+                       fields_to_lower(config))
       scalars = _scalars(jax.device_get(metrics))
       loss = scalars["loss"]
       if first_round_seconds is None:

@@ -100,17 +100,20 @@ def pm_recipe(config: RunConfig) -> pretrain.PretrainConfig:
       holdout_fraction=config.pm.holdout_fraction)
 
 
-def load_pm(config: RunConfig, fed: data.FederatedData, log: Log):
+def load_pm(config: RunConfig, fed: data.FederatedData, log: Log,
+            should_stop: Callable[[], bool] | None = None):
   """``(module, variables, metadata)``: reused from ``config.pm.dir`` when
   it was trained for the run, pretrained on the server split when there is
-  none (``variables = {"params", "batch_stats"}``)."""
+  none (``variables = {"params", "batch_stats"}``); ``should_stop`` as
+  ``pm.get_or_pretrain_pm``'s."""
   module = pm_model(config, fed.num_classes)
   variables, meta = pm.get_or_pretrain_pm(
       config.pm.dir, model=module, model_name=config.pm.model,
       dataset_name=config.dataset, server=fed.server,
       server_size=config.data.server_size,
       split_seed=presets.server_split_seed(config),
-      config=pm_recipe(config), input_shape=fed.input_shape, log=log)
+      config=pm_recipe(config), input_shape=fed.input_shape, log=log,
+      should_stop=should_stop)
   held = [meta.get(k) for k in ("heldout_accuracy",
                                 "heldout_accuracy_running")]
   shown = ", ".join(f"{100 * h:.2f}%{suffix}" for h, suffix in zip(
@@ -136,10 +139,12 @@ def pm_apply(config: RunConfig, module, variables):
   return apply, getattr(module, "norm", "none") != "batch"
 
 
-def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log
+def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log,
+                    should_stop: Callable[[], bool] | None = None
                    ) -> tuple[algorithms.FederatedAlgorithm, Any]:
   """``(algorithm, initial_params)`` for the run, with the PM wired in by
-  its role (module docstring)."""
+  its role (module docstring); ``should_stop``: asked while the PM is
+  pretrained (``pretrain.Stopped``)."""
   role = presets.pm_role(config)
   model = models.create_model(
       config.model, fed.num_classes,
@@ -148,7 +153,7 @@ def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log
   input_shape = fed.input_shape
   regularizer = encoder_apply = None
   if role != "none":  # first: a mismatched PM fails before any compilation
-    module, variables, _ = load_pm(config, fed, log)
+    module, variables, _ = load_pm(config, fed, log, should_stop)
     pm_params = variables["params"]
     teacher, per_example = pm_apply(config, module, variables)
   init_key = jax.random.split(jax.random.key(config.seed))[0]

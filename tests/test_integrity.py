@@ -1,0 +1,246 @@
+"""Nothing read back is taken on trust: checkpoint metadata and PMs carry
+checksums, a resumed run reads the data it started with, and the run's
+directory, manifest, data directory and disk are checked before any work.
+
+The replay of cases that once went through silently: an edited accuracy in
+a checkpoint's metadata, a PM with a flipped bit, a resume on relabelled
+data, an emptied manifest, both checkpoints damaged, a data directory that
+does not exist, a full disk at start, a run into a PM's directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import glob
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from augfl_jax import checkpoint, data, fields, models, pm, training
+from augfl_jax.training import outputs, wiring
+from tests import fake_pm
+
+QUIET = lambda s: None  # noqa: E731
+
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
+
+def _config(**changes):
+  return fields.replace(training.RunConfig(), **{
+      "augfl.lam": 0.0, "eval.test_split": "off", **changes})
+
+
+def _records(out):
+  with open(os.path.join(out, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _array_files(root):
+  """The array files of the checkpoint under ``root``, smallest first."""
+  return sorted((f for f in glob.glob(os.path.join(root, "**"),
+                                      recursive=True)
+                 if os.path.isfile(f) and f"{os.sep}d{os.sep}" in f),
+                key=os.path.getsize)
+
+
+def _flip_a_bit(path):
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0x10]))
+
+
+def _mlp_pm(path):
+  """An mlp PM for digits (GroupNorm, the digits runs' norm)."""
+  return fake_pm.save(str(path), models.create_model("mlp", 10, norm="group"),
+                      "mlp")
+
+
+# ----------------------------------------------------------------------------
+# Checkpoint metadata and PMs carry checksums.
+
+
+@pytest.mark.slow
+def test_an_edited_accuracy_in_checkpoint_metadata_is_caught(tmp_path):
+  """One digit of a record edited in the newest checkpoint's metadata: the
+  resume falls back to the one before, saying why, and writes the record
+  again as the run computed it."""
+  out = str(tmp_path / "run")
+  config = _config(rounds=4, eval_every=2)
+  training.run(config, out, log=QUIET, checkpoint_every=2)
+  whole = _records(out)
+  path = os.path.join(out, "checkpoints", "step_4", "meta", "metadata")
+  text = open(path).read()
+  accuracy = json.dumps(whole[-1]["accuracy"])
+  edited = accuracy[:-1] + str((int(accuracy[-1]) + 1) % 10)
+  assert text.count(accuracy) == 1
+  open(path, "w").write(text.replace(accuracy, edited))
+  lines = []
+  training.run(fields.replace(config, rounds=6), out, log=lines.append,
+               checkpoint_every=2, resume=True)
+  damaged = [l for l in lines if "step_4 is damaged" in l]
+  assert len(damaged) == 1 and "the metadata of step 4 does not match its " \
+      "checksum" in damaged[0]
+  assert any("resuming from round 2" in l for l in lines)
+  key = lambda r: (r["round"], r["accuracy"], r["mean_train_loss"])
+  assert [key(r) for r in _records(out)[:2]] == [key(r) for r in whole]
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  assert summary["best_accuracy"] == max(r["accuracy"]
+                                         for r in _records(out))
+
+
+def test_a_pm_with_a_flipped_bit_or_an_edited_record_is_refused(tmp_path):
+  path = _mlp_pm(tmp_path / "pm")
+  pm.load_pm(path, {})  # reads back whole
+  assert checkpoint.has_checksums(path)
+  _flip_a_bit(_array_files(os.path.join(path, "state"))[-1])
+  with pytest.raises(checkpoint.DamagedCheckpointError,
+                     match=r"the PM is damaged \(checksum mismatch in "
+                     rf"\['params'\].*\): remove {path} to pretrain it "
+                     "again, or pass another --pm.dir"):
+    pm.load_pm(path, {})
+  # The run that passes it with --pm.dir stops before any round.
+  config = _config(**{"augfl.lam": 1.0, "regularizer": "l2",
+                      "pm.model": "mlp", "pm.dir": path, "rounds": 1})
+  with pytest.raises(checkpoint.DamagedCheckpointError,
+                     match="the PM is damaged"):
+    training.run(config, str(tmp_path / "run"), log=QUIET)
+  assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+  other = _mlp_pm(tmp_path / "other")
+  meta = os.path.join(other, "metadata", "metadata")
+  text = open(meta).read()
+  open(meta, "w").write(text.replace('"server_size": 400',
+                                     '"server_size": 401'))
+  with pytest.raises(checkpoint.DamagedCheckpointError,
+                     match="the metadata of the checkpoint at .* does not "
+                     "match its checksum"):
+    pm.load_pm(other, {})
+
+
+def test_a_checkpoint_saved_without_checksums_reads_back_unverified(
+    tmp_path):
+  """A PM saved before the checksums were kept is reused, and the log says
+  it is not verified."""
+  path = _mlp_pm(tmp_path / "pm")
+  meta = os.path.join(path, "metadata", "metadata")
+  saved = json.load(open(meta))
+  del saved[checkpoint.CHECKSUMS], saved[checkpoint.SEAL]
+  json.dump(saved, open(meta, "w"))
+  assert not checkpoint.has_checksums(path)
+  lines = []
+  config = _config(**{"augfl.lam": 1.0, "regularizer": "l2",
+                      "pm.model": "mlp", "pm.dir": path})
+  fed, _ = wiring.load_federated(training.validate(config))
+  wiring.load_pm(training.validate(config), fed, lines.append)
+  assert any("not verified" in l for l in lines)
+
+
+# ----------------------------------------------------------------------------
+# A resumed run reads the data it started with.
+
+
+def test_resume_refuses_data_other_than_the_run_started_with(tmp_path):
+  out = str(tmp_path / "run")
+  config = _config(rounds=2, eval_every=1)
+  training.run(config, out, log=QUIET, checkpoint_every=1)
+
+  def relabel(fed):
+    support = fed.train.support
+    return dataclasses.replace(fed, train=dataclasses.replace(
+        fed.train, support={**support, "y": (support["y"] + 1) % 10}))
+
+  with pytest.raises(ValueError, match=r"--resume: the data differ from "
+                     r"those the run of .*step_2 started with \(digest "):
+    training.run(fields.replace(config, rounds=3), out, log=QUIET,
+                 resume=True, transform_data=relabel)
+  training.run(fields.replace(config, rounds=3), out, log=QUIET,
+               resume=True)
+  assert [r["round"] for r in _records(out)] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------
+# Damaged checkpoints and manifests, directories of other files.
+
+
+def test_both_checkpoints_damaged_say_to_start_again_not_to_resume(
+    tmp_path):
+  out = str(tmp_path / "run")
+  config = _config(rounds=4, eval_every=2)
+  training.run(config, out, log=QUIET, checkpoint_every=2)
+  for step in (2, 4):
+    for f in _array_files(os.path.join(out, "checkpoints", f"step_{step}")):
+      os.truncate(f, 0)
+  with pytest.raises(ValueError) as e:
+    training.run(fields.replace(config, rounds=6), out, log=QUIET,
+                 checkpoint_every=2, resume=True)
+  message = str(e.value)
+  assert message.startswith(f"no checkpoint in {out}/checkpoints reads "
+                            "back whole (step 4: "), message
+  assert message.endswith("pass --overwrite to start the run again")
+  assert "continue with --resume" not in message and "\n" not in message
+
+
+def test_an_emptied_manifest_is_named_with_the_command_that_restores_it(
+    tmp_path):
+  out = str(tmp_path / "run")
+  config = _config(rounds=2, eval_every=1)
+  training.run(config, out, log=QUIET, checkpoint_every=1)
+  manifest = os.path.join(out, outputs.MANIFEST)
+  open(manifest, "w").close()
+  with pytest.raises(training.OutputDirError) as e:
+    training.run(fields.replace(config, rounds=3), out, log=QUIET,
+                 resume=True)
+  message = str(e.value)
+  assert message.startswith(f"{manifest}, the list of the files augfl_jax "
+                            f"wrote in {out}, is damaged"), message
+  command = message.split("restore it with: ")[1].split("; else")[0]
+  subprocess.run(command, shell=True, check=True)
+  training.run(fields.replace(config, rounds=3), out, log=QUIET,
+               resume=True)
+  assert [r["round"] for r in _records(out)] == [1, 2, 3]
+
+
+def test_a_directory_holding_a_pm_is_refused_as_an_output_dir(tmp_path):
+  path = _mlp_pm(tmp_path / "pm")
+  before = sorted(os.listdir(path))
+  with pytest.raises(training.OutputDirError,
+                     match=r"holds .*metadata, state, which augfl_jax did "
+                     "not write"):
+    training.run(_config(algorithm="fedavg", rounds=1), path, log=QUIET)
+  assert sorted(os.listdir(path)) == sorted(before + [outputs.LOCK])
+  pm.load_pm(path, {})  # untouched
+
+
+def test_a_data_dir_that_does_not_exist_is_one_line(tmp_path):
+  missing = str(tmp_path / "missing")
+  for dataset in ("digits", "fashion_mnist"):
+    with pytest.raises(data.DatasetUnavailableError,
+                       match=f"^--data.data_dir {missing} is not a "
+                       "directory on this machine$"):
+      training.run(_config(dataset=dataset,
+                           **{"data.data_dir": missing}),
+                   str(tmp_path / "run"), log=QUIET)
+  assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("call", ["pwrite", "fsync"])
+def test_a_full_disk_at_start_names_the_output_dir(tmp_path, monkeypatch,
+                                                    call):
+  """A full disk still lets empty files be created: writing the probe's
+  byte or the lock's process id is what fails."""
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  monkeypatch.setattr(os, call, full)
+  out = str(tmp_path / "run")
+  with pytest.raises(training.OutputDirError) as e:
+    training.run(_config(rounds=1), out, log=QUIET)
+  assert str(e.value) == (f"--output_dir {out} cannot be written: No space "
+                          "left on device")
+  monkeypatch.undo()
+  shutil.rmtree(out, ignore_errors=True)
