@@ -151,9 +151,10 @@ def get_or_pretrain_pm(
 ) -> tuple[Params, dict[str, Any]]:
   """Reuses the PM at ``directory`` if it matches, else pretrains and saves one.
 
-  One process at a time: while another pretrains the PM (it holds the lock
-  ``.<name>.lock`` beside ``directory``), this one waits, saying so once,
-  then reuses it.
+  One process at a time pretrains a missing PM: while another does (it
+  holds the lock ``.<name>.lock`` beside ``directory``), this one waits,
+  saying so once, then reuses it. A saved PM is read without the lock (it
+  may sit where nothing can be written).
 
   Args:
     directory: where the PM checkpoint is (or will be).
@@ -183,6 +184,8 @@ def get_or_pretrain_pm(
   _check_args(model_name, server, server_size, config, input_shape)
   log = log or (lambda _: None)
   path = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+  lock = os.path.join(os.path.dirname(path),
+                      f".{os.path.basename(path)}.lock")
   waiting = []
 
   def busy(holder: str) -> None:
@@ -193,26 +196,26 @@ def get_or_pretrain_pm(
     if should_stop is not None and should_stop():
       raise Stopped(f"while waiting for process {holder} to pretrain it")
 
-  lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
-  with locks.hold(lock, busy):
-    if not checkpoint.exists(directory):
-      log(f"no PM at {directory}: pretraining {model_name} on the "
-          f"{server_size} server examples of {dataset_name} for "
-          f"{counted(config.epochs, 'epoch')}")
-      return pretrain_and_save(
-          directory, model=model, model_name=model_name,
-          dataset_name=dataset_name, server=server, server_size=server_size,
-          split_seed=split_seed, config=config, log=log,
-          should_stop=should_stop)
-    expected = pm_metadata(dataset_name, model_name, server_size, split_seed,
-                           model_kwargs=model_kwargs(model), config=config)
-    like = jax.eval_shape(lambda: {
-        "params": models.init_params(model, jax.random.key(0), input_shape),
-        "batch_stats": models.init_batch_stats(model, input_shape)})
-    variables, metadata = load_pm(directory, expected, like=like)
-    unverified = ("" if checkpoint.has_checksums(directory) else
-                  "; saved without checksums by an older version: not "
-                  "verified")
+  if not checkpoint.exists(directory):  # a saved PM is read without a lock
+    with locks.hold(lock, busy):
+      if not checkpoint.exists(directory):
+        log(f"no PM at {directory}: pretraining {model_name} on the "
+            f"{server_size} server examples of {dataset_name} for "
+            f"{counted(config.epochs, 'epoch')}")
+        return pretrain_and_save(
+            directory, model=model, model_name=model_name,
+            dataset_name=dataset_name, server=server,
+            server_size=server_size, split_seed=split_seed, config=config,
+            log=log, should_stop=should_stop)
+  expected = pm_metadata(dataset_name, model_name, server_size, split_seed,
+                         model_kwargs=model_kwargs(model), config=config)
+  like = jax.eval_shape(lambda: {
+      "params": models.init_params(model, jax.random.key(0), input_shape),
+      "batch_stats": models.init_batch_stats(model, input_shape)})
+  variables, metadata = load_pm(directory, expected, like=like)
+  unverified = ("" if checkpoint.has_checksums(directory) else
+                "; saved without checksums by an older version: not "
+                "verified")
   log(f"reusing the PM at {directory} ({model_name}, held-out accuracy "
       f"{_percent(metadata.get('heldout_accuracy'))}, "
       f"{counted(metadata.get('epochs'), 'epoch')}{unverified})")

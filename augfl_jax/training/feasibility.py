@@ -55,28 +55,28 @@ def machine_memory() -> tuple[int, str]:
 
 def memory_needs(config: RunConfig, unread: tuple[str, ...]
                 ) -> list[tuple[str, int, str]]:
-  """``[(flag, bytes, what)]``: lower bounds of the memory that values of
-  ``config`` need (sections in ``unread`` are left out)."""
+  """``[(flags, bytes, what)]``: lower bounds of the memory that values of
+  ``config`` need (``flags``: the values, as ``--name=value``; sections in
+  ``unread`` are left out)."""
   shape = example_shape(config.dataset) or (1,)
   example = FLOAT_BYTES * math.prod(shape)
   needs = []
   for name, _, _, value in fields.walk(config):
     if (name.rpartition(".")[2] == "batch_size" and isinstance(value, int)
         and name.partition(".")[0] not in unread):
-      needs.append((name, value * example, f"one minibatch of {value} "
-                    f"examples of shape {shape}"))
-  d = config.data
+      needs.append((f"--{name}={value}", value * example, f"one minibatch "
+                    f"of {value} examples of shape {shape}"))
+  d, e = config.data, config.eval
   if config.dataset != "synthetic":  # synthetic: natural clients
-    needs.append(("data.M", d.num_clients * d.M * example,
-                  f"the examples of {d.num_clients} clients of at least "
-                  f"{d.M}"))
-  if config.dataset != "synthetic" and config.eval.test_split != "off":
-    needs.append(("eval.test_clients", config.eval.test_clients * d.M *
-                  example, f"the examples of {config.eval.test_clients} "
-                  f"test-split clients of at least {d.M}"))
+    needs.append((f"--data.num_clients={d.num_clients} with --data.M={d.M}",
+                  d.num_clients * d.M * example, "the clients' examples"))
+    if e.test_split != "off":
+      needs.append((f"--eval.test_clients={e.test_clients} with "
+                    f"--data.M={d.M}", e.test_clients * d.M * example,
+                    "the test-split clients' examples"))
   if "crd" not in unread:
     b, k = config.crd.batch_size, config.crd.negatives
-    needs.append(("crd.nce_k", FLOAT_BYTES * b * (k + 1),
+    needs.append((f"--crd.nce_k={k}", FLOAT_BYTES * b * (k + 1),
                   f"the contrast scores of a server minibatch, {b} x "
                   f"{k + 1} float32"))
   return needs
@@ -112,10 +112,10 @@ def check(config: RunConfig, unread: tuple[str, ...]) -> None:
   Raises:
     ValueError: one line naming the flag, the bound and the value.
   """
+  low, high = INT_RANGE
   for name, _, _, value in fields.walk(config):
     if isinstance(value, bool) or not isinstance(value, int):
       continue
-    low, high = INT_RANGE
     if not low <= value <= high:
       raise ValueError(f"--{name} must be in [{low}, {high}] (a 32-bit "
                        f"integer), got {value}")
@@ -125,9 +125,8 @@ def check(config: RunConfig, unread: tuple[str, ...]) -> None:
         "evaluation takes that many SGD steps on each held-out client in "
         f"one XLA call), got {config.eval.steps:,}")
   available, where = machine_memory()
-  for name, size, what in memory_needs(config, unread):
+  for flags, size, what in memory_needs(config, unread):
     if size > available:
       raise ValueError(
-          f"--{name}={fields.get(config, name)} needs at least "
-          f"{_gigabytes(size)} ({what}), more than the "
-          f"{_gigabytes(available)} of {where}")
+          f"{flags} needs at least {_gigabytes(size)} ({what}), more than "
+          f"the {_gigabytes(available)} of {where}")
