@@ -51,8 +51,15 @@ def pad_batch(batch: Batch, size: int) -> Batch:
 
 
 def epoch_batches(key: PRNGKey, batch: Batch, batch_size: int) -> Batch:
-  """One shuffled epoch as ``[steps, batch_size, ...]`` leaves, real rows first."""
+  """One shuffled epoch as ``[steps, B, ...]`` leaves, real rows first.
+
+  ``B = min(batch_size, n)`` for ``n`` rows (real and padding): a batch
+  size beyond the data is one full batch of its ``n`` rows, not ``n`` rows
+  padded to ``batch_size`` (the same masked loss, without the padding's
+  work).
+  """
   n = batch["mask"].shape[0]
+  batch_size = min(batch_size, n)
   steps = -(-n // batch_size)
   order = real_first_permutation(key, batch["mask"])
   shuffled = pad_batch(jax.tree.map(lambda leaf: leaf[order], batch),

@@ -126,3 +126,14 @@ def test_step_is_one_optax_update():
 def test_sgd_without_momentum_keeps_no_buffer():
   assert not jax.tree.leaves(local.sgd(0.1).init(jnp.zeros(3)))
   assert len(jax.tree.leaves(local.sgd(0.1, 0.5).init(jnp.zeros(3)))) == 1
+
+
+def test_a_batch_size_beyond_the_data_is_one_full_batch_of_it():
+  data = {"x": jnp.arange(12.0).reshape(6, 2), "y": jnp.arange(6),
+          "mask": jnp.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])}
+  key = jax.random.key(0)
+  big = local.epoch_batches(key, data, 1000)
+  assert big["x"].shape == (1, 6, 2)  # not padded to 1000 rows
+  exact = local.epoch_batches(key, data, 6)
+  jax.tree.map(np.testing.assert_array_equal, big, exact)
+  assert sorted(np.asarray(big["y"][0, :4]).tolist()) == [0, 1, 2, 3]
