@@ -147,15 +147,15 @@ def authors_cifar_cnn(num_classes: int = 10, conv_impl: str = AUTO
 
 def params_from_torch(state: Mapping[str, np.ndarray]) -> Params:
   """An :class:`AuthorsCNN`'s params from the PyTorch module's
-  ``state_dict`` (as numpy arrays): conv weights ``[O, I, kh, kw]`` become
-  kernels ``[kh, kw, I, O]``, ``linear.weight [K, D]`` the kernel ``[D, K]``;
-  biases are copied."""
+  ``state_dict`` (as numpy arrays, their dtype kept): conv weights ``[O, I,
+  kh, kw]`` become kernels ``[kh, kw, I, O]``, ``linear.weight [K, D]`` the
+  kernel ``[D, K]``; biases are copied."""
   params = {}
   for name in sorted({key.split(".")[0] for key in state}):
-    weight = np.asarray(state[f"{name}.weight"], np.float32)
+    weight = np.asarray(state[f"{name}.weight"])
     kernel = weight.T if weight.ndim == 2 else weight.transpose(2, 3, 1, 0)
     params[name] = {"kernel": jnp.asarray(kernel),
-                    "bias": jnp.asarray(state[f"{name}.bias"], jnp.float32)}
+                    "bias": jnp.asarray(state[f"{name}.bias"])}
   return params
 
 
