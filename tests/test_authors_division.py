@@ -169,6 +169,10 @@ def test_test_file_clients_follow_the_protocol(real_pool):
   for s, q, s2 in zip(support, query, again[1]):
     np.testing.assert_array_equal(s, s2)
     rows = np.concatenate([s, q])
+    for c in np.unique(pool.y[rows]):  # consecutive in the class's order
+      order = np.flatnonzero(pool.y[index] == c)
+      taken = np.sort(np.searchsorted(index[order], rows[pool.y[rows] == c]))
+      assert np.array_equal(taken, np.arange(taken[0], taken[-1] + 1))
     assert rows.min() >= n_train and len(np.unique(rows)) == len(rows)
     assert len(rows) % 2 == 0 and 20 <= len(rows) <= 40
     assert len(s) == int(0.2 * len(rows))

@@ -31,8 +31,13 @@ training data), as in the authors' code; without it, from the examples
 after the server split, so the two stay disjoint (the paper's rule).
 
 Held-out clients from the test file (:func:`draw_clients`) follow the same
-protocol: a random user index's classes, ``a + b`` examples a class,
-``b`` uniform on ``0..a``, the support fraction truncated.
+protocol: a random user index's classes, ``a + b`` consecutive examples of
+each class in pool order from a random start, ``b`` uniform on ``0..a``,
+the support fraction truncated. Consecutive examples matter: Fashion-MNIST's
+neighbouring images of a class look alike, so a client built of them is
+easier than one of random examples of its classes (a model trained under
+this division scores 96% on 50 such clients from train positions 30,000+,
+80% on random draws of the same classes there).
 """
 
 from __future__ import annotations
@@ -193,10 +198,11 @@ def draw_clients(dataset: Dataset, pool: np.ndarray, *, num_clients: int,
   """Held-out clients of the authors' protocol drawn from ``pool``.
 
   Client ``i`` takes a user index ``u`` uniform on ``0..K-1`` and that
-  user's classes (:func:`user_classes`), ``a + b`` random examples of each
-  (``a = M // k``, ``b`` uniform on ``0..a``, the same for its classes),
-  in random order, and its first ``int(support_fraction |D_i|)`` examples
-  as support. Clients are drawn independently (an example may serve
+  user's classes (:func:`user_classes`), of each ``a + b`` consecutive
+  examples of the class in ``pool`` order from a uniform start (``a = M //
+  k``, ``b`` uniform on ``0..a``, the same for its classes), in random
+  order, and its first ``int(support_fraction |D_i|)`` examples as
+  support. Clients are drawn independently (an example may serve
   several, never twice within one), with the fifth stream of
   ``np.random.SeedSequence(seed)`` as the test split's clients are.
 
@@ -218,8 +224,10 @@ def draw_clients(dataset: Dataset, pool: np.ndarray, *, num_clients: int,
   for _ in range(num_clients):
     classes = user_classes(int(rng.integers(num_classes)), k, num_classes)
     take = a + int(rng.integers(a + 1))
+    starts = [int(rng.integers(len(by_class[c]) - take + 1))
+              for c in classes]
     rows = rng.permutation(np.concatenate(
-        [rng.choice(by_class[c], take, replace=False) for c in classes]))
+        [by_class[c][i:i + take] for c, i in zip(classes, starts)]))
     n_support = min(max(int(support_fraction * len(rows)), 1), len(rows) - 1)
     support.append(rows[:n_support])
     query.append(rows[n_support:])
