@@ -179,3 +179,17 @@ def test_test_file_clients_follow_the_protocol(real_pool):
     assert tuple(np.unique(pool.y[rows])) in {(0, 1), (2, 3), (4, 5),
                                               (6, 7), (8, 9)}
   assert clients.query["mask"].shape[0] == 30
+
+
+def test_server_overlap_in_the_paper_partition():
+  labels = np.random.default_rng(2).integers(0, 10, 4000)
+  held = lambda p: np.concatenate([p.client_indices(u)
+                                   for u in range(p.num_clients)])
+  apart = data.pathological_partition(labels, num_clients=50,
+                                      server_size=2000, seed=0)
+  assert held(apart).min() >= 2000
+  inside = data.pathological_partition(labels, num_clients=50,
+                                       server_size=2000, seed=0,
+                                       server_overlap=True)
+  assert held(inside).min() < 2000 and (held(inside) < 2000).mean() > 0.3
+  np.testing.assert_array_equal(inside.server, np.arange(2000))
