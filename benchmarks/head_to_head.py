@@ -18,7 +18,9 @@ gradients).
 
 Reports the largest relative difference ``max_leaf ||theta_ours -
 theta_theirs|| / ||theta_theirs||`` (and the largest absolute one) after the
-rounds of ``--report_rounds``; both runs' accuracy on the 10 held-out users
+rounds of ``--report_rounds``, beside the same difference between our run
+and ours from a theta^0 perturbed by ``--perturb`` (how much the rounds
+themselves amplify a difference); both runs' accuracy on the 10 held-out users
 (one fast-adaptation step at alpha, 95% interval across users) every
 ``--eval_every`` rounds; after the last round both on ``--test_clients``
 clients of the authors' protocol from the test file's part of the pool
@@ -53,7 +55,9 @@ def define_flags() -> None:
                       + authors_code.HOW_TO_GET)
   flags.DEFINE_integer("rounds", 100, "rounds")
   flags.DEFINE_float("lam", 0.0, "lambda; > 0 adds lam grad R_h (CRD) to "
-                     "both servers' aggregation")
+                     "both servers' aggregation (at alpha 0.02, rho 1.0, "
+                     "lam 5 makes both runs non-finite by round 8; 1 "
+                     "does not)")
   flags.DEFINE_float("alpha", 0.02, "alpha (the authors' launcher's 0.02)")
   flags.DEFINE_float("rho", 1.0, "rho (the authors' launcher's 1.0)")
   flags.DEFINE_list("report_rounds", ["1", "10", "100"],
@@ -78,17 +82,23 @@ def define_flags() -> None:
                        "jax_enable_x64; theirs under torch's float64 default "
                        "dtype, their model's input cast to float64), to "
                        "tell their equations apart from float32 rounding")
+  flags.DEFINE_float("perturb", 1e-8, "also run ours from theta^0 times (1 "
+                     "+ perturb u), u ~ U[-1, 1] per weight, and report how "
+                     "far it drifts from ours: the growth of a difference "
+                     "that the rounds themselves cause; with --lam > 0 it "
+                     "takes our run's grad R_h; 0: no such run)")
   flags.DEFINE_string("output", None, "also write the results as JSON here")
 
 
 def relative_difference(ours, theirs) -> tuple[float, float]:
-  """``(max_leaf ||a - b|| / ||b||, max |a - b|)`` over the parameters."""
-  rel, absolute = 0.0, 0.0
+  """``(max_leaf ||a - b|| / ||b||, max |a - b|)`` over the parameters
+  (``nan`` where either is not finite)."""
+  rel, absolute = [], []
   for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    rel = max(rel, float(np.linalg.norm(a - b) / np.linalg.norm(b)))
-    absolute = max(absolute, float(np.abs(a - b).max()))
-  return rel, absolute
+    rel.append(np.linalg.norm(a - b) / np.linalg.norm(b))
+    absolute.append(np.abs(a - b).max())
+  return float(np.max(rel)), float(np.max(absolute))
 
 
 def scored(correct, counts, clip: bool = True) -> dict:
@@ -155,6 +165,16 @@ class Runs:
     self.round_fn = augfl.make_round(loss_fn, augfl.AugFLConfig(
         alpha=FLAGS.alpha, rho=FLAGS.rho, lam=FLAGS.lam))
     self.state = augfl.init_state(params, self.fed.train.num_clients)
+    self.perturbed = None
+    if FLAGS.perturb > 0:
+      keys = jax.random.split(jax.random.key(FLAGS.seed),
+                              len(jax.tree.leaves(params)))
+      leaves = [leaf * (1 + FLAGS.perturb * jax.random.uniform(
+          k, leaf.shape, leaf.dtype, -1.0, 1.0)) for k, leaf in zip(
+              keys, jax.tree.leaves(params))]
+      self.perturbed = augfl.init_state(
+          jax.tree.unflatten(jax.tree.structure(params), leaves),
+          self.fed.train.num_clients)
     clients = authors_code.make_clients(
         code, torch_model, self.x, self.y,
         [(part.support[u], part.query[u]) for u in part.train_clients],
@@ -182,6 +202,8 @@ class Runs:
       grad = [self.torch.from_numpy(v) for v in
               authors_models.params_to_torch(their_reg).values()]
     self.state, _ = self.round_fn(self.state, self.fed.train, reg)
+    if self.perturbed is not None:
+      self.perturbed, _ = self.round_fn(self.perturbed, self.fed.train, reg)
     authors_code.run_round(self.server, grad)
 
   def score(self, ours_clients, their_users) -> dict:
@@ -212,8 +234,15 @@ def head_to_head(code) -> dict:
     if t in report:
       rel, absolute = relative_difference(runs.state.params, runs.theirs())
       out["theta"][t] = {"relative": rel, "absolute": absolute}
-      print(f"round {t:4d}: theta max relative difference {rel:.3e}, max "
-            f"absolute {absolute:.3e}", flush=True)
+      line = (f"round {t:4d}: theta max relative difference {rel:.3e}, max "
+              f"absolute {absolute:.3e}")
+      if runs.perturbed is not None:
+        drift, _ = relative_difference(runs.perturbed.params,
+                                       runs.state.params)
+        out["theta"][t]["ours_perturbed"] = drift
+        line += (f"; ours from theta^0 perturbed by {FLAGS.perturb:g}: "
+                 f"{drift:.3e}")
+      print(line, flush=True)
     if t % FLAGS.eval_every == 0 or t == FLAGS.rounds:
       row = {"round": t, **runs.score(runs.fed.test, runs.heldout)}
       out["heldout"].append(row)

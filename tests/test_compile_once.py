@@ -14,7 +14,9 @@ Counted from jax's own records (``jax_log_compiles``, as optax's
 The round is ``training.safety.guard_round``'s fused program: its Python
 function ``guarded`` (the algorithm's round and the non-finite guard) is
 traced once per structure of the arguments, and lowered as
-``guarded_round``; the evaluation is the algorithm's jitted ``evaluate``.
+``guarded_round``; the evaluation is the algorithm's jitted ``evaluate``,
+once for each set of clients it scores (the held-out clients and the
+test-split clients, which have other shapes).
 """
 
 from __future__ import annotations
@@ -87,13 +89,20 @@ def _evaluations(out):
     return [json.loads(line)["round"] for line in f]
 
 
-def _assert_once(traced, lowered, what):
-  for name, (trace_name, lower_name) in (("round", ROUND),
-                                         ("evaluation", EVALUATE)):
-    assert traced[trace_name] == 1, (
+def _test_split_rounds(out):
+  with open(os.path.join(out, "metrics.jsonl")) as f:
+    return [record["round"] for record in map(json.loads, f)
+            if "test_split" in record]
+
+
+def _assert_once(traced, lowered, what, client_sets=2):
+  """The round once; the evaluation once per scored client set."""
+  for name, (trace_name, lower_name), times in (
+      ("round", ROUND, 1), ("evaluation", EVALUATE, client_sets)):
+    assert traced[trace_name] == times, (
         f"{what}: the {name} was traced {traced[trace_name]} times "
         f"(traces: {dict(traced)})")
-    assert lowered[lower_name] == 1, (
+    assert lowered[lower_name] == times, (
         f"{what}: the {name} was compiled {lowered[lower_name]} times "
         f"(lowerings: {dict(lowered)})")
 
@@ -101,16 +110,21 @@ def _assert_once(traced, lowered, what):
 @pytest.mark.slow
 def test_round_and_evaluation_compile_once_per_run_and_resume(tmp_path):
   out = str(tmp_path / "run")
-  config = _config(**{"augfl.lam": 0.0}, rounds=3, eval_every=1)
-  assert config.algorithm == "augfl"
+  every_round = {"augfl.lam": 0.0, "eval.test_split_every": 1}
+  config = _config(**every_round, rounds=3, eval_every=1)
+  assert config.algorithm == "augfl" and config.eval.test_split != "off"
   summary, traced, lowered = _run_counted(config, out, checkpoint_every=1)
   assert summary["rounds"] == 3 and _evaluations(out) == [1, 2, 3]
-  _assert_once(traced, lowered, "a run of 3 rounds, 3 evaluations")
+  assert _test_split_rounds(out) == [1, 2, 3]
+  _assert_once(traced, lowered, "a run of 3 rounds, 3 evaluations of the "
+               "held-out and of the test-split clients")
 
   # A resumed run is a new program: compiled once more, then reused.
   summary, traced, lowered = _run_counted(
-      _config(**{"augfl.lam": 0.0}, rounds=6, eval_every=1), out,
+      _config(**every_round, rounds=6, eval_every=1), out,
       checkpoint_every=1, resume=True)
   assert summary["resumed_from_round"] == 3
   assert _evaluations(out) == [1, 2, 3, 4, 5, 6]
-  _assert_once(traced, lowered, "resumed for rounds 4-6, 3 evaluations")
+  assert _test_split_rounds(out) == [1, 2, 3, 4, 5, 6]
+  _assert_once(traced, lowered, "resumed for rounds 4-6, 3 evaluations of "
+               "each client set")
