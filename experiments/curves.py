@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from augfl_jax import training
+from augfl_jax import fields, training
 
 # Fields that may differ between repeats of one configuration (matched on a
 # key's last dotted part): the seed, and run control or implementation
@@ -95,10 +95,28 @@ def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict]]:
     raise PlotError(f"{run_dir}: config.json is not a JSON object")
   if not all(isinstance(r, dict) and "round" in r for r in records):
     raise PlotError(f"{run_dir}: a metrics.jsonl record has no round")
-  if config.get("algorithm") in training.config.SECTIONS:
-    unused = training.config.unused_sections(config["algorithm"])
-    config = {k: v for k, v in config.items() if k not in unused}
-  return flatten(config), records
+  return flatten(_read_sections(config)), records
+
+
+# Sections a run may not read: the algorithms' own, the PM's and CRD's.
+OPTIONAL_SECTIONS = frozenset(training.config.SECTIONS.values()) | {"pm",
+                                                                     "crd"}
+
+
+def _read_sections(config: dict[str, Any]) -> dict[str, Any]:
+  """``config`` without the sections its run never read
+  (``training.presets.unread_sections``: other algorithms', and ``pm`` and
+  ``crd`` without a PM), so that they neither label nor fold a curve."""
+  if config.get("algorithm") not in training.config.SECTIONS:
+    return config
+  role_fields = {"algorithm": config["algorithm"]}  # what decides the PM
+  if isinstance(config.get("augfl"), dict) and "lam" in config["augfl"]:
+    role_fields["augfl.lam"] = float(config["augfl"]["lam"])
+  if "regularizer" in config:
+    role_fields["regularizer"] = config["regularizer"]
+  unread = training.presets.unread_sections(
+      fields.replace(training.RunConfig(), **role_fields))
+  return {k: v for k, v in config.items() if k not in unread}
 
 
 def _is_repeat_field(key: str) -> bool:
@@ -141,11 +159,14 @@ def _short_names(keys: set[str]) -> dict[str, str]:
 def _differing(configs: list[dict], keys: Iterable[str]) -> list[str]:
   """The ``keys`` whose values differ between ``configs``, the shortest of
   keys with the same values (``lam`` for ``lam``, ``algorithm_config.lam``);
-  the algorithm first."""
+  the algorithm first. A field of a section that some runs never read
+  (:func:`_read_sections`) differs only between the runs that have it."""
   columns = {}
   for key in sorted(keys, key=lambda k: (k.count("."), len(k), k)):
     column = tuple(_ident(c.get(key)) for c in configs)
-    if len(set(column)) > 1:
+    values = set(column) - ({_ident(None)} if key.split(".")[0] in
+                            OPTIONAL_SECTIONS else set())
+    if len(values) > 1:
       columns.setdefault(column, key)
   return sorted(columns.values(), key=lambda k: (k != ALGORITHM, k))
 

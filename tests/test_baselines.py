@@ -84,7 +84,8 @@ def test_per_fedavg_meta_step_against_direct_computation(variant, method):
   chex.assert_trees_all_close(got, expected, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("algo", ["fedavg", "per_fedavg"])
+@pytest.mark.parametrize("algo", [
+    "fedavg", pytest.param("per_fedavg", marks=pytest.mark.slow)])
 def test_strategies_agree_and_seed_controls_randomness(algo):
   from augfl_jax import clients as clients_lib
   clients = tiny.client_data(seed=4, num_clients=4)

@@ -157,6 +157,7 @@ def test_shared_negatives_leave_padded_rows_out():
   np.testing.assert_allclose(z_padded, z_full, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_bfloat16_bank_is_the_float32_step_on_the_rounded_bank():
   """One minibatch from the same state: the gradient equals the float32
   step's on the bank rounded to bfloat16, and the bank after it is that

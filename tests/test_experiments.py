@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("algorithm", [
-    pytest.param("augfl", marks=pytest.mark.slow), "fedavg", "per_fedavg"])
+    pytest.param("augfl", marks=pytest.mark.slow), "fedavg",
+    pytest.param("per_fedavg", marks=pytest.mark.slow)])
 def test_run_writes_its_files(tmp_path, algorithm):
   # AugFL runs with its PM (lam = 5 by default): pretrained into tmp_path.
   config = training.RunConfig(
@@ -163,6 +164,7 @@ def _run_cli_inspected(*args, env=None):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_missing_dataset_fails_fast_before_tensorflow_or_compiling(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "AUGFL_JAX_DATA_DIR"}
   env["TFDS_DATA_DIR"] = str(tmp_path / "tfds")

@@ -140,6 +140,7 @@ def test_bad_runs_fail_before_compiling(tmp_path, changes, kwargs, message):
   assert not os.path.exists(tmp_path / "out")  # nothing written
 
 
+@pytest.mark.slow
 def test_an_existing_run_is_not_overwritten(tmp_path):
   out = str(tmp_path / "run")
   config = _config(rounds=2, eval_every=1, **{"augfl.lam": 0.0})

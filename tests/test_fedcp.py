@@ -69,6 +69,7 @@ def setup():
               evaluate=fedcp.make_evaluate(model, config))
 
 
+@pytest.mark.slow
 def test_round_vmap_equals_map_and_aggregates_the_mixed_heads(setup):
   state = fedcp.init_state(setup["params"], 5, jax.random.key(3))
   a, ma = setup["round"](state, setup["train"])

@@ -101,6 +101,7 @@ def setup():
                                     encoder_apply=encoder))
 
 
+@pytest.mark.slow
 def test_round_vmap_equals_map(setup):
   state = fedpcl.init_state(setup["params"], 5, jax.random.key(3))
   state, _ = setup["round"](state, setup["train"])

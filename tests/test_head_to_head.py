@@ -21,6 +21,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                         timeout=900, check=False)
 
 
+@pytest.mark.slow
 def test_without_a_snapshot_it_says_how_to_get_one():
   result = _run()
   assert result.returncode == 2

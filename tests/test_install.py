@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_data import fake_tfds_copy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +43,7 @@ def test_setup_installs_the_library_without_tensorflow():
       "augfl_jax", "augfl_jax.*"]
 
 
+@pytest.mark.slow
 def test_a_run_needs_no_tensorflow(tmp_path):
   """Every module of the library imports, and a whole run (its events
   included) finishes, where TensorFlow cannot be imported."""

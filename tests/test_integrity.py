@@ -145,6 +145,7 @@ def test_a_checkpoint_saved_without_checksums_reads_back_unverified(
 # A resumed run reads the data it started with.
 
 
+@pytest.mark.slow
 def test_resume_refuses_data_other_than_the_run_started_with(tmp_path):
   out = str(tmp_path / "run")
   config = _config(rounds=2, eval_every=1)

@@ -445,6 +445,7 @@ def test_vmap_over_clients(name, kwargs):
     # AugFL's client ResNet, small images
     pytest.param("resnet8x4", (8, 8, 3), marks=pytest.mark.slow),
 ])
+@pytest.mark.slow
 def test_conv_impls_agree_on_full_models_and_under_client_vmap(name, shape):
   """xla vs patches: the same parameter tree, features, logits, loss and
   gradients (float32 rounding), one model and vmapped over per-client

@@ -101,6 +101,7 @@ def test_two_datasets_are_not_merged(tmp_path):
   assert not (tmp_path / "c.png").exists()
 
 
+@pytest.mark.slow
 def test_label_by_that_would_merge_configurations_is_refused(tmp_path):
   _run(tmp_path / "lam0", _config(lam=0.0), [0.5])
   _run(tmp_path / "lam5", _config(lam=5.0), [0.7])
@@ -129,6 +130,7 @@ def test_flat_and_nested_configs(tmp_path):
     plot.group_curves(plot.find_runs([str(tmp_path)]), ["model.name"])
 
 
+@pytest.mark.slow
 def test_unreadable_config_is_one_line(tmp_path):
   _run(tmp_path / "a", _config(), [0.5])
   (tmp_path / "a" / "config.json").write_text("{not json")
@@ -181,3 +183,22 @@ def test_another_algorithms_section_does_not_label_a_curve(tmp_path):
   _run(tmp_path / "fedavg", fedavg, [0.7, 0.8])
   labels, _ = _labels(tmp_path)
   assert sorted(labels) == ["augfl, lam=0", "augfl, lam=5", "fedavg"]
+
+
+def test_the_pm_sections_of_a_run_without_a_pm_are_not_compared(tmp_path):
+  """FedAvg and AugFL at lam 0 read no ``pm`` or ``crd`` section: the
+  sections their config.json records neither label nor fold a curve."""
+  with_pm = {**_nested(5.0), "pm": {"model": "cnn"}, "crd": {"nce_k": 64}}
+  _run(tmp_path / "augfl5", with_pm, [0.5, 0.6])
+  for seed, pm in enumerate(("cnn", "resnet8x4")):
+    _run(tmp_path / f"fedavg{seed}", {
+        **_nested(5.0, seed=seed), "algorithm": "fedavg",
+        "pm": {"model": pm}, "crd": {"nce_k": 16384}}, [0.7, 0.8])
+  _run(tmp_path / "augfl0", {**_nested(0.0), "pm": {"model": "resnet8x4"},
+                             "crd": {"nce_k": 16384}}, [0.6, 0.7])
+  labels, curves = _labels(tmp_path)
+  assert sorted(labels) == ["augfl, lam=0", "augfl, lam=5", "fedavg"]
+  fedavg = next(c for c in curves if c.label == "fedavg")
+  assert len(fedavg.runs) == 2  # seeds of one configuration
+  assert not [f for c in curves for f in c.folded
+              if f.startswith(("pm.", "crd."))]

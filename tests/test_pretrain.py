@@ -305,6 +305,7 @@ def _cli(*args):
       capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_writes_a_loadable_checkpoint(tmp_path):
   pm_dir = str(tmp_path / "pm")
   result = _cli("--pm.epochs=2", "--pm.model=logreg",
@@ -383,6 +384,7 @@ def test_cli_bad_flags_fail_with_one_line(tmp_path, args, message):
 # Running statistics (the PM as the reference's eval-mode teacher).
 
 
+@pytest.mark.slow
 def test_running_statistics_follow_pytorch(digits):
   """Two steps of a batch-norm PM: its running mean/var are PyTorch's
   (momentum 0.1, unbiased variance) of the first layer's pre-norm

@@ -358,6 +358,7 @@ def test_a_torn_metrics_line_is_restored_from_the_checkpoint(tmp_path):
   assert records[:2] == whole
 
 
+@pytest.mark.slow
 def test_an_empty_config_json_does_not_block_the_next_run(tmp_path):
   out = str(tmp_path / "run")
   config = _config(rounds=2, eval_every=1)
@@ -614,6 +615,7 @@ def test_every_step_size_field_is_listed():
 # Changing step sizes on resume, recorded.
 
 
+@pytest.mark.slow
 def test_step_sizes_change_on_resume_when_named_and_recorded(tmp_path):
   out = str(tmp_path)
   bad = _config(algorithm="fedavg", rounds=4, eval_every=2,

@@ -205,6 +205,7 @@ def test_resume_refuses_another_config_naming_the_fields(tmp_path):
                  str(tmp_path), log=lambda s: None, resume=True)
 
 
+@pytest.mark.slow
 def test_a_run_started_under_vmap_resumes_under_the_defaults(tmp_path):
   """A checkpoint of a run from before the defaults followed the backend
   (strategy "vmap", no conv_impl in its config) resumes without flags;
@@ -326,7 +327,8 @@ def test_sampled_participants_are_reproducible_and_uniform():
   assert loop.sample_participants(7, 1, n, 0) is None  # 0: all
 
 
-@pytest.mark.parametrize("algorithm", ["augfl", "fedavg"])
+@pytest.mark.parametrize("algorithm", [
+    "augfl", pytest.param("fedavg", marks=pytest.mark.slow)])
 def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
   extra = {"augfl.lam": 0.0} if algorithm == "augfl" else {}
   full = training.run(_config(algorithm=algorithm, rounds=2, eval_every=2,

@@ -81,6 +81,7 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   assert "fedavg.lr: 0.05 -> 0.5" in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_table_of_another_configuration_is_not_overwritten(tmp_path):
   results = str(tmp_path / "results")
   table = os.path.join(results, "digits", "table2.md")

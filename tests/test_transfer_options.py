@@ -31,6 +31,7 @@ def close(a, b, **kw):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
 
 
+@pytest.mark.slow
 def test_head_optimizer_reset_drops_the_momentum_between_rounds():
   reset = dataclasses.replace(BASE, reset_head_optimizer=True)
   carried = dataclasses.replace(BASE, reset_head_optimizer=False)
@@ -50,6 +51,7 @@ def test_head_optimizer_reset_drops_the_momentum_between_rounds():
   close(fresh.heads, s_r.heads, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_moving_student():
   fixed = BASE
   moving = dataclasses.replace(BASE, student_lr=0.5)
@@ -65,6 +67,7 @@ def test_moving_student():
   close(g_tiny, g_fixed, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_pm_runs_once_for_a_per_example_pm():
   """tiny's tanh MLP has no batch statistics: its outputs on the whole split
   at once equal its outputs minibatch by minibatch."""
