@@ -241,12 +241,15 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
     weights = select(client_weights(clients.num_examples,
                                     config.uniform_weights))
     rounds = select(state.client_rounds) + 1
+    # delta_t and sum_i rho_i in theta's precision (float64 under
+    # jax_enable_x64; a float32 1 / 40 is 1.5e-8 off).
+    dtype = jnp.result_type(*jax.tree.leaves(state.params))
     per_client = dict(
         dual=select(state.duals),
         support=select(clients.support),
         query=select(clients.query),
         weight=weights,
-        delta=delta_schedule(rounds.astype(jnp.float32), config))
+        delta=delta_schedule(rounds.astype(dtype), config))
 
     def one_client(c):
       return client_update(
@@ -258,7 +261,7 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
         one_client, per_client, strategy)
     client_params = merge(state.client_params, thetas)
     all_duals = merge(state.duals, duals)
-    rhos = jnp.full((num_clients,), config.rho, jnp.float32)
+    rhos = jnp.full((num_clients,), config.rho, dtype)
     params = server_update(client_params, all_duals, rhos,
                            reg_grad=reg_grad, lam=config.lam)
     new_state = AugFLState(

@@ -93,6 +93,34 @@ def test_first_round_from_zero_duals_closed_form(lam):
   np.testing.assert_array_equal(new_state.client_rounds, 1)
 
 
+def test_a_float64_round_is_float64_throughout():
+  """Under jax_enable_x64 with float64 parameters and data, the round's
+  delta_t and sum_i rho_i are float64 too: the first round equals its
+  closed form to float64 rounding (a float32 1 / (rho N) alone is 1e-8
+  off)."""
+  with jax.enable_x64(True):
+    to64 = lambda t: jax.tree.map(
+        lambda a: a.astype(jnp.float64) if a.dtype == jnp.float32 else a, t)
+    clients = to64(tiny.client_data(seed=2))
+    theta0 = to64(tiny.init(jax.random.key(1)))
+    config = augfl.AugFLConfig(alpha=ALPHA, rho=RHO, lam=0.0)
+    state = augfl.init_state(theta0, clients.num_clients)
+    new_state, _ = augfl.make_round(tiny.loss_fn, config)(state, clients)
+    w = clients.num_examples / jnp.sum(clients.num_examples)
+    total = optax.tree.zeros_like(theta0)
+    for i in range(clients.num_clients):
+      c = tree.take(clients, i)
+      r, g = _client_terms(theta0, c.support, c.query, 1 / 110)
+      total = jax.tree.map(lambda t, a, b: t + w[i] * (a - ALPHA * b),
+                           total, r, g)
+    expected = jax.tree.map(
+        lambda p, t: p - 2 * t / (RHO * clients.num_clients), theta0, total)
+    for got, want in zip(jax.tree.leaves(new_state.params),
+                         jax.tree.leaves(expected)):
+      assert got.dtype == jnp.float64
+      np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
 def test_delta_schedule_starts_at_one_over_110():
   config = augfl.AugFLConfig()
   np.testing.assert_allclose(augfl.delta_schedule(jnp.array([1., 2.]), config),

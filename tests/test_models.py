@@ -370,6 +370,26 @@ def test_loss_is_masked_mean_cross_entropy():
   np.testing.assert_allclose(loss_fn(params, no_mask), jnp.mean(ce), rtol=1e-6)
 
 
+def test_loss_keeps_float64_logits_in_float64():
+  """Under jax_enable_x64 the loss of a float64 model is float64: its
+  cross-entropy equals numpy's float64 one to float64 rounding."""
+  with jax.enable_x64(True):
+    model = models.create_model("mlp", 6)
+    params = jax.tree.map(lambda p: p.astype(jnp.float64),
+                          _fake_params(model, (8, 8, 1)))
+    batch = _batch(jax.random.key(1), 10, (8, 8, 1), 6, num_real=7)
+    batch = {**batch, "x": batch["x"].astype(jnp.float64)}
+    loss = models.make_loss_fn(model)(params, batch)
+    _, logits = models.make_features_fn(model)(params, batch["x"], None)
+    logits = np.asarray(logits, np.float64)
+    log_z = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + (
+        logits.max(1))
+    y = np.asarray(batch["y"])
+    ce = log_z - logits[np.arange(len(y)), y]
+    assert loss.dtype == jnp.float64
+    np.testing.assert_allclose(float(loss), ce[:7].mean(), rtol=1e-13)
+
+
 def test_eval_fn_counts_correct_real_examples():
   num_classes = 4
   model = models.create_model("logreg", num_classes)

@@ -197,8 +197,9 @@ def make_loss_fn(model: nn.Module) -> Callable[[Params, Batch], jax.Array]:
   def loss_fn(params: Params, batch: Batch) -> jax.Array:
     y, mask = _labels_and_mask(batch)
     _, logits = model.apply({"params": params}, batch["x"], mask=mask)
+    # at least float32 (16-bit logits upcast), float64 kept
     ce = optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), y)
+        logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), y)
     return masked_mean(ce, mask)
 
   return loss_fn
