@@ -74,10 +74,9 @@ def define_flags() -> None:
   flags.DEFINE_string("data_dir", None, "where the Fashion-MNIST IDX files "
                       "are (default: the library's search order)")
   flags.DEFINE_boolean("onednn", False, "let PyTorch run its CPU "
-                       "convolutions with oneDNN (mkldnn), its default; off "
-                       "by default: on this comparison's clients oneDNN's "
-                       "float32 conv weight gradients are 2e-3 off float64's "
-                       "(README of results/head_to_head)")
+                       "convolutions with oneDNN (mkldnn), PyTorch's own "
+                       "default; off here, with one thread, for the "
+                       "plainest float32 arithmetic")
   flags.DEFINE_boolean("float64", False, "both codes in float64 (ours with "
                        "jax_enable_x64; theirs under torch's float64 default "
                        "dtype, their model's input cast to float64), to "
