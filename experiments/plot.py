@@ -59,14 +59,15 @@ _CLIENT_INTERVALS = {"accuracy": ("accuracy_ci_low", "accuracy_ci_high"),
 
 def _band(source: dict[str, np.ndarray], metric: str, scale: float):
   """``(mean, low, high, what)`` of ``source[metric]`` ``[runs, rounds]``:
-  an accuracy's 95% interval across seeds (several runs) or across clients
-  (one run), else mean ± std across seeds."""
+  an accuracy's 95% interval across seeds (several runs; clipped to [0,
+  100%] as every accuracy interval) or across clients (one run), else mean
+  ± std across seeds."""
   values = scale * source[metric]
   mean = values.mean(0)
   if metric in _CLIENT_INTERVALS and len(values) >= 2:
     ends = [intervals.mean_interval(column) for column in values.T]
-    return (mean, np.array([e.low for e in ends]),
-            np.array([e.high for e in ends]), "95% CI across seeds")
+    return (mean, np.clip([e.low for e in ends], 0, scale),
+            np.clip([e.high for e in ends], 0, scale), "95% CI across seeds")
   low, high = _CLIENT_INTERVALS.get(metric, (None, None))
   if low in source and high in source:
     return (mean, scale * source[low][0], scale * source[high][0],
