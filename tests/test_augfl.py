@@ -35,6 +35,28 @@ def _client_terms(theta, support, query, delta, exact=False):
   return r, g
 
 
+def _first_round_closed_form(theta0, clients, lam=0.0, reg=None):
+  """theta^1 from zero duals: theta^0 - (2 sum_i w_i (r_i - alpha g_i) +
+  lam reg) / (rho N), each client's terms from :func:`_client_terms`."""
+  w = clients.num_examples / jnp.sum(clients.num_examples)
+  total = optax.tree.zeros_like(theta0)
+  for i in range(clients.num_clients):
+    c = tree.take(clients, i)
+    r, g = _client_terms(theta0, c.support, c.query, 1 / 110)
+    total = jax.tree.map(lambda t, a, b: t + w[i] * (a - ALPHA * b),
+                         total, r, g)
+  reg_term = reg if reg is not None else optax.tree.zeros_like(theta0)
+  return jax.tree.map(
+      lambda p, t, h: p - (2 * t + lam * h) / (RHO * clients.num_clients),
+      theta0, total, reg_term)
+
+
+def _float64(t):
+  """``t`` with its float32 leaves in float64 (under jax_enable_x64)."""
+  return jax.tree.map(
+      lambda a: a.astype(jnp.float64) if a.dtype == jnp.float32 else a, t)
+
+
 @pytest.mark.parametrize("method", ["finite_difference", "exact"])
 def test_dual_after_client_step_is_minus_weighted_meta_gradient(method):
   rng = np.random.default_rng(0)
@@ -78,17 +100,7 @@ def test_first_round_from_zero_duals_closed_form(lam):
   state = augfl.init_state(theta0, clients.num_clients)
   reg = jax.tree.map(lambda p: jnp.sin(p), theta0) if lam else None
   new_state, _ = augfl.make_round(tiny.loss_fn, config)(state, clients, reg)
-  w = clients.num_examples / jnp.sum(clients.num_examples)
-  total = optax.tree.zeros_like(theta0)
-  for i in range(clients.num_clients):
-    c = tree.take(clients, i)
-    r, g = _client_terms(theta0, c.support, c.query, 1 / 110)
-    total = jax.tree.map(lambda t, a, b: t + w[i] * (a - ALPHA * b),
-                         total, r, g)
-  reg_term = reg if reg is not None else optax.tree.zeros_like(theta0)
-  expected = jax.tree.map(
-      lambda p, t, h: p - (2 * t + lam * h) / (RHO * clients.num_clients),
-      theta0, total, reg_term)
+  expected = _first_round_closed_form(theta0, clients, lam, reg)
   chex.assert_trees_all_close(new_state.params, expected, atol=1e-6, rtol=1e-5)
   np.testing.assert_array_equal(new_state.client_rounds, 1)
 
@@ -99,22 +111,12 @@ def test_a_float64_round_is_float64_throughout():
   closed form to float64 rounding (a float32 1 / (rho N) alone is 1e-8
   off)."""
   with jax.enable_x64(True):
-    to64 = lambda t: jax.tree.map(
-        lambda a: a.astype(jnp.float64) if a.dtype == jnp.float32 else a, t)
-    clients = to64(tiny.client_data(seed=2))
-    theta0 = to64(tiny.init(jax.random.key(1)))
+    clients = _float64(tiny.client_data(seed=2))
+    theta0 = _float64(tiny.init(jax.random.key(1)))
     config = augfl.AugFLConfig(alpha=ALPHA, rho=RHO, lam=0.0)
     state = augfl.init_state(theta0, clients.num_clients)
     new_state, _ = augfl.make_round(tiny.loss_fn, config)(state, clients)
-    w = clients.num_examples / jnp.sum(clients.num_examples)
-    total = optax.tree.zeros_like(theta0)
-    for i in range(clients.num_clients):
-      c = tree.take(clients, i)
-      r, g = _client_terms(theta0, c.support, c.query, 1 / 110)
-      total = jax.tree.map(lambda t, a, b: t + w[i] * (a - ALPHA * b),
-                           total, r, g)
-    expected = jax.tree.map(
-        lambda p, t: p - 2 * t / (RHO * clients.num_clients), theta0, total)
+    expected = _first_round_closed_form(theta0, clients)
     for got, want in zip(jax.tree.leaves(new_state.params),
                          jax.tree.leaves(expected)):
       assert got.dtype == jnp.float64
@@ -149,11 +151,8 @@ def test_round_counters_drive_delta():
 def test_finite_difference_hvp_converges_to_exact_hessian():
   with jax.enable_x64(True):
     rng = np.random.default_rng(4)
-    theta = jax.tree.map(lambda p: p.astype(jnp.float64),
-                         tiny.init(jax.random.key(3)))
-    data = jax.tree.map(
-        lambda a: a.astype(jnp.float64) if a.dtype == jnp.float32 else a,
-        tiny.batch(rng, 8))
+    theta = _float64(tiny.init(jax.random.key(3)))
+    data = _float64(tiny.batch(rng, 8))
     v = jax.tree.map(lambda p: jnp.cos(3 * p), theta)
     flat, unravel = jax.flatten_util.ravel_pytree(theta)
     exact = jax.hessian(lambda f: tiny.loss_fn(unravel(f), data))(flat) @ _flat(v)
