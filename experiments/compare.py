@@ -11,9 +11,11 @@ each run's final accuracy with its 95% interval across clients, and the
 paired difference (same seed, same clients) with its interval across
 clients; over the seeds: each configuration's mean with its Student-t
 interval across seeds, and the mean paired difference with its t-interval
-across seeds (``experiments.scores`` defines them). The test-split clients
-are compared where every run has them, else the protocol's held-out
-clients. Runs of one seed must have been scored on the same clients (the
+across seeds (``experiments.scores`` defines them). ``--clients`` picks the
+clients: ``auto`` (the default) compares the test-split clients where every
+run has them, else the protocol's held-out clients; ``test_split`` or
+``held_out`` asks for one set (the held-out clients are the ones the paper
+scores; under ``--data.partition=authors``, the authors' 10 fixed users). Runs of one seed must have been scored on the same clients (the
 same partition protocol); otherwise the command stops with one line.
 
 The table (markdown) is printed, and written to ``--output`` when given.
@@ -32,6 +34,8 @@ from experiments import scores
 
 FLAGS = flags.FLAGS
 
+CLIENTS = ("auto", "test_split", "held_out")
+
 
 def define_flags() -> None:
   """The command's flags (defined only when it runs)."""
@@ -39,6 +43,10 @@ def define_flags() -> None:
                             "finished run of seed s; the first is compared "
                             "with the others")
   flags.DEFINE_list("seeds", ["0"], "seeds to compare")
+  flags.DEFINE_enum("clients", "auto", CLIENTS, "the clients compared: "
+                    "auto = the test-split clients where every run has "
+                    "them, else the protocol's held-out clients; test_split;"
+                    " held_out")
   flags.DEFINE_string("output", "", "also write the table to this file")
 
 
@@ -61,13 +69,18 @@ def _pct(interval: intervals.Interval | None) -> str:
   return "-" if interval is None else interval.format()
 
 
-def compare(runs: dict[str, str], seeds: list[int]) -> str:
-  """The markdown table of ``runs`` (name -> directory) over ``seeds``.
+def compare(runs: dict[str, str], seeds: list[int], clients: str = "auto"
+            ) -> str:
+  """The markdown table of ``runs`` (name -> directory) over ``seeds``,
+  scored on ``clients`` (one of ``CLIENTS``).
 
   Raises:
-    ValueError: a missing or unfinished run, or runs of one seed scored on
-      different clients.
+    ValueError: a missing or unfinished run, runs of one seed scored on
+      different clients, an unknown ``clients``, or ``test_split`` asked of
+      a run without test-split clients.
   """
+  if clients not in CLIENTS:
+    raise ValueError(f"clients must be one of {CLIENTS}, got {clients!r}")
   loaded = []
   for name, directory in runs.items():
     for seed in seeds:
@@ -76,6 +89,11 @@ def compare(runs: dict[str, str], seeds: list[int]) -> str:
         raise ValueError(f"{run_dir}: no finished run (no summary.json)")
       loaded.append(scores.load_run_score(run_dir, name, seed))
   test_split = scores.uses_test_split(loaded)
+  if clients == "test_split" and not test_split:
+    missing = next(s.run_dir for s in loaded if s.test_split is None)
+    raise ValueError(f"{missing}: scored on no test-split clients (its "
+                     "dataset has no test split); use --clients=held_out")
+  test_split = test_split and clients != "held_out"
   by_key = {(s.method, s.seed): s for s in loaded}
   names = list(runs)
   first, others = names[0], names[1:]
@@ -107,7 +125,7 @@ def main(argv: list[str]) -> None:
   del argv
   try:
     text = compare(parse_runs(FLAGS.runs),
-                   [int(s) for s in FLAGS.seeds])
+                   [int(s) for s in FLAGS.seeds], FLAGS.clients)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

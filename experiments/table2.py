@@ -10,7 +10,9 @@ held-out client personalises the trained state with its support set by the
 method's own procedure (fast adaptation of the global model for FedAvg,
 Per-FedAvg, FedLP, FedBC and AugFL; the method's local training for FedProto,
 FedPCL, FedCP, FedOA) and is scored on its query set. Every other
-``experiments.run`` flag applies to every cell. Cells already done are reused
+``experiments.run`` flag applies to every cell; AugFL w/ PM runs at
+``--augfl.lam`` (the preset's 5.0 unless a flag or flag file says otherwise;
+0 is refused, being AugFL w/o PM). Cells already done are reused
 and an interrupted one continues (``sweep.finished_run``), so an interrupted
 table resumes; a directory holding cells of another configuration is
 refused.
@@ -71,7 +73,8 @@ METHODS = {
     "fedpcl": ("FedPCL", {"algorithm": "fedpcl"}),
     "augfl_wo_pm": ("AugFL w/o PM", {"algorithm": "augfl",
                                      "augfl.lam": 0.0}),
-    "augfl": ("AugFL w/ PM", {"algorithm": "augfl", "augfl.lam": 5.0}),
+    # lam as the run's flags set it: the preset's 5.0, or a flag file's.
+    "augfl": ("AugFL w/ PM", {"algorithm": "augfl"}),
     "fedbc": ("FedBC", {"algorithm": "fedbc"}),
     "fedoa": ("FedOA", {"algorithm": "fedoa"}),
 }
@@ -98,7 +101,8 @@ PAPER_TABLE2 = {
 # What every run of a table shares, as the table states it.
 SHARED_FIELDS = ("dataset", "model", "norm", "data.num_clients", "data.M",
                  "data.classes_per_client", "data.server_size",
-                 "data.support_fraction", "rounds", "eval.steps",
+                 "data.support_fraction", "data.partition",
+                 "data.server_overlap", "rounds", "eval.steps",
                  "pm.model", "pm.epochs", "pm.statistics")
 
 FLAGS = flags.FLAGS
@@ -342,6 +346,10 @@ def run_table(base: training.RunConfig, datasets: list[str],
   for dataset in datasets:
     configs[dataset] = {m: training.validate(fields.replace(
         base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
+    if "augfl" in methods and not configs[dataset]["augfl"].augfl.lam > 0:
+      raise ValueError("AugFL w/ PM needs --augfl.lam > 0, got "
+                       f"{configs[dataset]['augfl'].augfl.lam} (AugFL w/o PM "
+                       "is augfl_wo_pm)")
     keys[dataset] = _table_key(configs[dataset], seeds)
     check_results(_results_dir(results_dir, configs[dataset]),
                   keys[dataset], replace_results)

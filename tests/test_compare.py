@@ -38,6 +38,30 @@ def test_the_table_holds_the_paired_differences(tmp_path):
   assert intervals.mean_interval(per_seed).format() in text
 
 
+def test_the_held_out_clients_on_request(tmp_path):
+  """--clients=held_out pairs the protocol's held-out clients even where
+  the runs have test-split clients; test_split is refused of a run
+  without them."""
+  heldout = {"a": [9, 8, 10, 7], "b": [7, 8, 9, 6]}
+  for name, correct in heldout.items():
+    _write_run(tmp_path / name / "seed0", correct, CHEAP[0])
+  runs = {name: str(tmp_path / name) for name in heldout}
+  text = compare.compare(runs, [0], "held_out")
+  assert "Scored on the protocol's held-out clients" in text
+  diff = np.subtract(heldout["a"], heldout["b"]) / 10
+  low, high = _t_interval(diff)
+  assert (f"| 0 | 85.00 [" in text and "| 75.00 [" in text and
+          f"10.00 [{100 * low:.2f}, {100 * high:.2f}]" in text)
+  # auto: the test-split clients, identical here
+  assert "| 0 | 89.00 [" in compare.compare(runs, [0])
+  _write_run(tmp_path / "c" / "seed0", heldout["a"], None)
+  runs["c"] = str(tmp_path / "c")
+  with pytest.raises(ValueError, match="no test-split clients"):
+    compare.compare(runs, [0], "test_split")
+  with pytest.raises(ValueError, match="clients must be one of"):
+    compare.compare(runs, [0], "train")
+
+
 def test_bad_input_stops_with_one_line(tmp_path):
   with pytest.raises(ValueError, match="NAME=DIR"):
     compare.parse_runs(["nodir"])

@@ -27,7 +27,8 @@ def _config_from_flagfile(path: str) -> training.RunConfig:
 VARIANTS = {
     "fashion_mnist_authors": {
         "model", "data.partition", "data.support_fraction",
-        "data.server_overlap", "augfl.alpha", "augfl.rho", "eval.alpha",
+        "data.server_overlap", "augfl.alpha", "augfl.rho", "augfl.lam",
+        "eval.alpha",
         "crd.augment", "pm.dir"},
     "fashion_mnist_cpu": {"pm.model", "pm.epochs", "pm.dir",
                           "crd.kt_steps", "crd.negative_sampling"},

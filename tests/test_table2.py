@@ -40,6 +40,7 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   assert text.splitlines()[0] == "# Table II on digits"
   assert "Configuration shared by every run: dataset=digits" in text
   assert "data.server_size=400" in text and "rounds=2" in text
+  assert "data.partition=pathological, data.server_overlap=False" in text
   assert "* FedAvg: fedavg: lr=0.05" in text
   assert "* AugFL w/o PM: augfl: alpha=0.03, rho=0.7, lam=0.0" in text
   assert "left unused (digits has no test split)" in text
@@ -79,6 +80,29 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
                                     **{"fedavg.lr": 0.5}), *args[1:],
                      results_dir=str(tmp_path / "elsewhere"))
   assert "fedavg.lr: 0.05 -> 0.5" in str(e.value)
+
+
+def test_augfl_with_pm_takes_lam_from_the_flags(tmp_path, monkeypatch):
+  """AugFL w/ PM runs at the configured lam (the preset's 5.0, a flag
+  file's 1.0); lam 0 is AugFL w/o PM and is refused before any run."""
+  seen = []
+
+  def run(config, run_dir, **k):
+    seen.append(config.augfl.lam)
+    raise RuntimeError("stop after the first cell's config")
+  monkeypatch.setattr(training, "run", run)
+  table = lambda lam: table2.run_table(
+      fields.replace(training.RunConfig(rounds=1), **{"augfl.lam": lam}),
+      ["digits"], ["augfl"], [0], str(tmp_path / f"runs{lam}"),
+      results_dir=str(tmp_path / "results"), replace_results=True,
+      log=lambda s: None)
+  for lam in (5.0, 1.0):
+    with pytest.raises(RuntimeError, match="stop after"):
+      table(lam)
+  assert seen == [5.0, 1.0]
+  with pytest.raises(ValueError, match="augfl.lam > 0"):
+    table(0.0)
+  assert seen == [5.0, 1.0]
 
 
 @pytest.mark.slow
