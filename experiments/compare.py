@@ -15,8 +15,9 @@ across seeds (``experiments.scores`` defines them). ``--clients`` picks the
 clients: ``auto`` (the default) compares the test-split clients where every
 run has them, else the protocol's held-out clients; ``test_split`` or
 ``held_out`` asks for one set (the held-out clients are the ones the paper
-scores; under ``--data.partition=authors``, the authors' 10 fixed users). Runs of one seed must have been scored on the same clients (the
-same partition protocol); otherwise the command stops with one line.
+scores; under ``--data.partition=authors``, the authors' 10 fixed users).
+Runs of one seed must have been scored on the same clients (the same
+partition protocol); otherwise the command stops with one line.
 
 The table (markdown) is printed, and written to ``--output`` when given.
 """
