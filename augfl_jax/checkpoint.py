@@ -60,8 +60,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 __all__ = ["DamagedCheckpointError", "checksums", "exists", "has_checksums",
-           "restore", "restore_metadata", "save", "seal", "check_seal",
-           "check_checksums"]
+           "restore", "restore_metadata", "restore_target", "save", "seal",
+           "check_seal", "check_checksums"]
 
 _STATE = "state"
 _METADATA = "metadata"
@@ -220,6 +220,25 @@ def restore_metadata(directory: str | os.PathLike) -> dict[str, Any]:
   return {k: v for k, v in metadata.items() if k not in (CHECKSUMS, SEAL)}
 
 
+def restore_target(like: Any) -> Any:
+  """``like`` as an orbax restore target on this process's default device.
+
+  Orbax restores a ``jax.ShapeDtypeStruct`` leaf with no sharding onto the
+  devices it was saved from, and refuses ("Topology mismatch detected") where
+  they are not here: a checkpoint saved on a GPU read on a CPU, or the other
+  way. Such leaves get the default device's sharding; leaves with a
+  sharding, arrays, numpy arrays and Python scalars are left as they are.
+  """
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+  def leaf(x):
+    if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None:
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    return x
+
+  return jax.tree.map(leaf, like)
+
+
 def restore(directory: str | os.PathLike,
             like: Any = None) -> tuple[Any, dict[str, Any]]:
   """Restores ``(tree, metadata)`` saved by :func:`save`, verified.
@@ -227,7 +246,9 @@ def restore(directory: str | os.PathLike,
   Args:
     directory: the checkpoint directory.
     like: optional pytree of arrays or ``jax.ShapeDtypeStruct`` giving the
-      structure, shapes and dtypes to restore into (see the module docstring).
+      structure, shapes and dtypes to restore into (see the module docstring);
+      with it, a checkpoint saved on other devices restores onto this
+      process's (:func:`restore_target`).
 
   Returns:
     ``(tree, metadata)``.
@@ -244,7 +265,7 @@ def restore(directory: str | os.PathLike,
   try:
     restored = _checkpointer().restore(
         path, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(
-            like)}))
+            restore_target(like))}))
     tree = restored[_STATE]
   except Exception as e:  # pylint: disable=broad-except
     if like is None:

@@ -160,8 +160,8 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
               transform: Callable[[training.RunConfig],
                                   Callable[..., Any] | None] | None = None,
               checkpoint_every: int = training.CHECKPOINT_EVERY,
-              log: Callable[[str], None] = print
-              ) -> list[dict[str, Any]]:
+              log: Callable[[str], None] = print,
+              finished_only: bool = False) -> list[dict[str, Any]]:
   """Runs every (cell, seed) under ``out/<name>/seed<seed>``.
 
   Args:
@@ -177,6 +177,9 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
     log: receives every run's progress lines, each prefixed with
       ``[k/n] <cell> seed <seed>:``, and after each run the sweep's time
       so far and an estimate of the time left.
+    finished_only: run nothing: a (cell, seed) without a finished run is
+      left out of the rows (saying so), e.g. to tabulate a sweep whose
+      runs are still going, or were run elsewhere.
 
   A finished run of the same configuration is reused (``finished_run``); an
   interrupted one continues from its checkpoint, and a finished one with
@@ -200,6 +203,9 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
       summary = finished_run(run_dir, config)
       if summary is not None:
         log(f"{prefix}: reusing {run_dir}")
+      elif finished_only:
+        log(f"{prefix}: no finished run in {run_dir}; left out")
+        continue
       else:
         resume = resumable(run_dir)  # an interrupted run continues
         done = _finished_rounds(run_dir) if resume else None

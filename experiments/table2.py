@@ -15,7 +15,9 @@ FedPCL, FedCP, FedOA) and is scored on its query set. Every other
 0 is refused, being AugFL w/o PM). Cells already done are reused
 and an interrupted one continues (``sweep.finished_run``), so an interrupted
 table resumes; a directory holding cells of another configuration is
-refused.
+refused. ``--finished_only`` runs nothing and tabulates the cells already
+finished (runs still going, or run on another machine and copied in),
+naming the (method, seed) cells the table lacks.
 The runs go to ``--output_dir`` (default ``runs/table2``), each with its
 resolved ``config.json``; each run's progress lines are printed with its
 place in the table, and the table's time left after each run.
@@ -117,6 +119,9 @@ def define_flags() -> None:
                       "<results_dir>/<dataset>/table2.{md,csv,json}")
   flags.DEFINE_bool("replace_results", False, "replace a table of another "
                     "configuration in --results_dir (refused otherwise)")
+  flags.DEFINE_bool("finished_only", False, "run nothing: tabulate the "
+                    "runs already finished under --output_dir, naming the "
+                    "(method, seed) cells without one")
   flags.DEFINE_list("methods", list(METHODS), "methods (columns): " +
                     ", ".join(METHODS))
   sweep.define_seeds_flag()
@@ -156,7 +161,8 @@ def _csv_row(method: str, seed: str, rounds: int | str,
 
 def write_table(runs: list[scores.RunScore], dataset: str,
                 methods: list[str], configs: dict[str, training.RunConfig],
-                out: str, scored_on: str) -> str:
+                out: str, scored_on: str,
+                requested_seeds: list[int] | None = None) -> str:
   """``out/table2.csv`` and ``out/table2.md`` (module docstring) for one
   dataset; returns the markdown.
 
@@ -168,6 +174,8 @@ def write_table(runs: list[scores.RunScore], dataset: str,
     out: the directory.
     scored_on: one line saying what the test-split clients are, or why
       the runs have none.
+    requested_seeds: the seeds asked for; a (method, seed) among them
+      without a run is named under the table.
   """
   os.makedirs(out, exist_ok=True)
   test_split = scores.uses_test_split(runs)
@@ -211,6 +219,12 @@ def write_table(runs: list[scores.RunScore], dataset: str,
                  f"{_pct(held)} | {n} | {paper.get(m, '–')} |")
     rows.append(_csv_row(m, "all", first.rounds, acc, diff, held, "", "",
                          where, "seeds"))
+  missing = [f"{METHODS[m][0]} seed {seed}" for m in methods
+             for seed in requested_seeds or ()
+             if not any(r.method == m and r.seed == seed for r in runs)]
+  if missing:
+    lines += ["", "Not in the table (no finished run): " +
+              ", ".join(missing) + "."]
   if reference and "augfl_wo_pm" in methods:
     per_seed, effect = scores.paired(runs, "augfl", "augfl_wo_pm",
                                      test_split)
@@ -310,7 +324,7 @@ def run_table(base: training.RunConfig, datasets: list[str],
               methods: list[str], seeds: list[int], out: str,
               checkpoint_every: int = training.CHECKPOINT_EVERY,
               results_dir: str = "results", replace_results: bool = False,
-              log=print) -> str:
+              log=print, finished_only: bool = False) -> str:
   """Runs (or reuses) every (dataset, method, seed) cell under
   ``out/<dataset>/<method>/seed<seed>`` and writes each dataset's tables to
   ``results_dir/<dataset>/`` (``table2.md``, ``table2.csv`` and
@@ -328,6 +342,8 @@ def run_table(base: training.RunConfig, datasets: list[str],
     replace_results: replace a table of another configuration
       (:func:`check_results`) instead of refusing.
     log: receives the progress lines (``sweep.run_cells``).
+    finished_only: run nothing; tabulate the cells already finished under
+      ``out`` (the table names the cells it lacks).
 
   Returns:
     The markdown of every dataset's ``table2.md``.
@@ -359,12 +375,16 @@ def run_table(base: training.RunConfig, datasets: list[str],
     rows = sweep.run_cells(
         fields.replace(base, dataset=dataset), cells, seeds,
         os.path.join(out, os.path.basename(directory)), names=methods,
-        checkpoint_every=checkpoint_every, log=log)
+        checkpoint_every=checkpoint_every, log=log,
+        finished_only=finished_only)
+    if not rows:
+      raise ValueError(f"no finished run of {', '.join(methods)} under "
+                       f"{os.path.join(out, os.path.basename(directory))}")
     runs = [scores.load_run_score(row["run_dir"], row["cell"], row["seed"])
             for row in rows]
     texts.append(write_table(runs, configs[dataset][methods[0]].dataset,
                              methods, configs[dataset], directory,
-                             _scored_on(rows)))
+                             _scored_on(rows), seeds))
     with open(os.path.join(directory, "table2.json"), "w") as f:
       json.dump(keys[dataset], f, indent=1, sort_keys=True)
   return "\n".join(texts)
@@ -405,7 +425,8 @@ def main(argv):
                                                      "seeds"), out,
                      checkpoint_every=FLAGS.checkpoint_every,
                      results_dir=FLAGS.results_dir,
-                     replace_results=FLAGS.replace_results)
+                     replace_results=FLAGS.replace_results,
+                     finished_only=FLAGS.finished_only)
 
   print(sweep.run_comparison(body))
   print(f"runs in {out}; tables in {FLAGS.results_dir}/<dataset>/")

@@ -126,8 +126,8 @@ def test_run_help_groups_every_flag_once_common_first_and_exits_0():
 
 
 @pytest.mark.parametrize("module,own,output_dir", [
-    ("experiments.table2", ["datasets", "methods", "replace_results",
-                            "results_dir", "seeds"],
+    ("experiments.table2", ["datasets", "finished_only", "methods",
+                            "replace_results", "results_dir", "seeds"],
      "runs/table2"),
     ("experiments.sweep", ["grid", "seeds"], "runs/sweep_<algorithm>"),
     ("experiments.ablations", ["lams", "seeds", "study"],

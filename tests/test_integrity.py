@@ -17,7 +17,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from augfl_jax import checkpoint, data, fields, models, pm, training
@@ -245,3 +249,27 @@ def test_a_full_disk_at_start_names_the_output_dir(tmp_path, monkeypatch,
                           "left on device")
   monkeypatch.undo()
   shutil.rmtree(out, ignore_errors=True)
+
+
+_SAVE_ON_THE_SECOND_DEVICE = """
+import sys
+import jax, jax.numpy as jnp
+from augfl_jax import checkpoint
+tree = {"w": jax.device_put(jnp.arange(6.0).reshape(2, 3), jax.devices()[1])}
+checkpoint.save(sys.argv[1], tree, {"saved_on": str(jax.devices()[1])})
+"""
+
+
+def test_a_checkpoint_saved_on_other_devices_restores_here(tmp_path):
+  # Saved where this process has no such device (as a GPU's checkpoint read
+  # on a CPU): orbax refuses an abstract target without a sharding.
+  path = str(tmp_path / "ck")
+  subprocess.run(
+      [sys.executable, "-c", _SAVE_ON_THE_SECOND_DEVICE, path], check=True,
+      timeout=300, env={**os.environ,
+                        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+  like = {"w": jax.ShapeDtypeStruct((2, 3), jnp.float32)}
+  tree, metadata = checkpoint.restore(path, like)
+  assert metadata == {"saved_on": "cpu:1"}
+  np.testing.assert_array_equal(tree["w"], np.arange(6.0).reshape(2, 3))
+  assert tree["w"].devices() == {jax.devices()[0]}

@@ -74,6 +74,17 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   monkeypatch.setattr(training, "run", fail)
   assert table2.run_table(*args, results_dir=results,
                           log=lambda s: None) == text
+  # --finished_only runs nothing: seed 1 is named as missing, not run.
+  lines = []
+  partial = table2.run_table(*args[:3], [0, 1], out, results_dir=str(
+      tmp_path / "partial"), log=lines.append, finished_only=True)
+  assert ("Not in the table (no finished run): FedAvg seed 1, AugFL w/o PM "
+          "seed 1.") in partial
+  assert "[2/4] fedavg seed 1: no finished run in " in "\n".join(lines)
+  assert partial.split("Not in the table")[0] == text.split("Every run")[0]
+  with pytest.raises(ValueError, match="no finished run of fedavg"):
+    table2.run_table(base, ["digits"], ["fedavg"], [5], out,
+                     results_dir=str(tmp_path / "none"), finished_only=True)
   # The same directory with another configuration is refused, not reused.
   with pytest.raises(ValueError, match="another configuration") as e:
     table2.run_table(fields.replace(training.RunConfig(rounds=2),

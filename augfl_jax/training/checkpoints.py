@@ -29,7 +29,8 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from augfl_jax.checkpoint import check_checksums, check_seal, checksums, seal
+from augfl_jax.checkpoint import (check_checksums, check_seal, checksums,
+                                  restore_target, seal)
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
 
@@ -189,10 +190,10 @@ class RunCheckpoints:
     Raises:
       CheckpointError: no step reads back whole.
     """
-    abstract = jax.tree.map(
+    abstract = restore_target(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                        sharding=getattr(x, "sharding", None)),
-        like)
+        like))
     problems, damaged = [], []
     for step in reversed(self.steps()):
       try:
