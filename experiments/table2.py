@@ -219,12 +219,13 @@ def write_table(runs: list[scores.RunScore], dataset: str,
                  f"{_pct(held)} | {n} | {paper.get(m, '–')} |")
     rows.append(_csv_row(m, "all", first.rounds, acc, diff, held, "", "",
                          where, "seeds"))
-  missing = [f"{METHODS[m][0]} seed {seed}" for m in methods
-             for seed in requested_seeds or ()
-             if not any(r.method == m and r.seed == seed for r in runs)]
-  if missing:
-    lines += ["", "Not in the table (no finished run): " +
-              ", ".join(missing) + "."]
+  missing = {m: [str(seed) for seed in requested_seeds or ()
+                 if not any(r.method == m and r.seed == seed for r in runs)]
+             for m in methods}
+  if any(missing.values()):
+    lines += ["", "Not in the table (no finished run): " + "; ".join(
+        f"{METHODS[m][0]} seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
+        for m, seeds in missing.items() if seeds) + "."]
   if reference and "augfl_wo_pm" in methods:
     per_seed, effect = scores.paired(runs, "augfl", "augfl_wo_pm",
                                      test_split)

@@ -78,7 +78,7 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   lines = []
   partial = table2.run_table(*args[:3], [0, 1], out, results_dir=str(
       tmp_path / "partial"), log=lines.append, finished_only=True)
-  assert ("Not in the table (no finished run): FedAvg seed 1, AugFL w/o PM "
+  assert ("Not in the table (no finished run): FedAvg seed 1; AugFL w/o PM "
           "seed 1.") in partial
   assert "[2/4] fedavg seed 1: no finished run in " in "\n".join(lines)
   assert partial.split("Not in the table")[0] == text.split("Every run")[0]
