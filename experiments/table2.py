@@ -222,10 +222,10 @@ def write_table(runs: list[scores.RunScore], dataset: str,
   missing = {m: [str(seed) for seed in requested_seeds or ()
                  if not any(r.method == m and r.seed == seed for r in runs)]
              for m in methods}
-  if any(missing.values()):
-    lines += ["", "Not in the table (no finished run): " + "; ".join(
-        f"{METHODS[m][0]} seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}"
-        for m, seeds in missing.items() if seeds) + "."]
+  lacking = [f"{METHODS[m][0]} seed{'s' * (len(ss) > 1)} {', '.join(ss)}"
+             for m, ss in missing.items() if ss]
+  if lacking:
+    lines += ["", f"Not in the table (no finished run): {'; '.join(lacking)}."]
   if reference and "augfl_wo_pm" in methods:
     per_seed, effect = scores.paired(runs, "augfl", "augfl_wo_pm",
                                      test_split)
