@@ -18,7 +18,10 @@ student, PM, server split and CRD configuration:
 Both compute the same gradient (checked: ``max_abs_diff``). ``--variants``
 adds cheaper steps, each the cached one with some ``CRDConfig`` fields
 changed (``name:field=value+field=value``, e.g.
-``shared:negative_sampling=shared``, ``subset10:kt_steps=10``); each
+``shared:negative_sampling=shared``, ``subset10:kt_steps=10``), or the
+student's convolutions (``xla:conv_impl=xla``, ``models.conv``). Unless a
+variant names ``loop``, each step loops over its minibatches as a run of
+that student would (``training.presets.crd_loop``). Each
 variant's gradient is compared with the cached step's at the same theta and
 state (``rel_diff``: ``||g - g_full|| / ||g_full||``), beside the cached
 step's own difference between two draws of its negatives and minibatches
@@ -49,6 +52,7 @@ import numpy as np
 from augfl_jax import clients as clients_lib
 from augfl_jax import models
 from augfl_jax import transfer
+from augfl_jax.training import presets
 from benchmarks import cells
 
 FLAGS = flags.FLAGS
@@ -91,8 +95,10 @@ def _time(fn: Callable[[], Any]) -> float:
 def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:
   """``["shared:negative_sampling=shared+kt_steps=10"]`` ->
   ``{"shared": {"negative_sampling": "shared", "kt_steps": 10}}``, each
-  value converted to its ``CRDConfig`` field's type."""
+  value converted to its ``CRDConfig`` field's type (``conv_impl``: the
+  student's, a string)."""
   types = {f.name: f.type for f in dataclasses.fields(transfer.CRDConfig)}
+  types["conv_impl"] = "str"
   variants = {}
   for spec in specs:
     name, _, body = spec.partition(":")
@@ -101,7 +107,7 @@ def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:
       field, _, value = item.partition("=")
       if field not in types:
         raise ValueError(f"variant {name!r}: {field!r} is not a CRDConfig "
-                         f"field ({', '.join(types)})")
+                         f"field or conv_impl ({', '.join(types)})")
       kind = str(types[field])
       overrides[field] = (int(value) if kind.startswith("int") else
                           float(value) if kind.startswith("float") else
@@ -136,18 +142,27 @@ def make_regularizers(server: int, pm: str, student: str, batch_size: int,
          "pm_params": models.num_params(pm_vars["params"]),
          "student_num_params": models.num_params(student_params),
          "steps": -(-server // batch_size)}
-  steps = {"cached": (config, True)}
+  steps = {"cached": (config, True, {})}
   if recomputed:
-    steps["recomputed"] = (config, False)
+    steps["recomputed"] = (config, False, {})
   for name, overrides in (variants or {}).items():
-    steps[name] = (dataclasses.replace(config, **overrides), True)
-  for name, (step_config, per_example) in steps.items():
+    overrides = dict(overrides)
+    model_kwargs = ({"conv_impl": overrides.pop("conv_impl")}
+                    if "conv_impl" in overrides else {})
+    steps[name] = (dataclasses.replace(config, **overrides), True,
+                   model_kwargs)
+  for name, (step_config, per_example, model_kwargs) in steps.items():
+    if step_config.loop == "auto":  # what a run of this student runs
+      step_config = dataclasses.replace(step_config, loop=presets.crd_loop(
+          models.resolve_conv_impl(model_kwargs.get("conv_impl", "auto"))))
     start = time.perf_counter()
     init_fn, grad_fn = transfer.make_crd_regularizer(
-        models.make_features_fn(student_model), teacher, data, step_config,
-        teacher_per_example=per_example)
+        models.make_features_fn(models.create_model(
+            student, NUM_CLASSES, **model_kwargs)),
+        teacher, data, step_config, teacher_per_example=per_example)
     setup = time.perf_counter() - start
     out[name] = {"grad_fn": grad_fn, "setup_s": setup,
+                 "loop": step_config.loop,
                  "state": init_fn(jax.random.key(seed + 2), student_params)}
   out["names"] = list(steps)
   return out
@@ -218,6 +233,7 @@ def run(f: Any = None) -> dict[str, Any]:
          "student_num_params": regs["student_num_params"],
          "minibatches_per_round": regs["steps"],
          "setup_s": {k: regs[k]["setup_s"] for k in regs["names"]},
+         "loop": {k: regs[k]["loop"] for k in regs["names"]},
          "round_s": {k: {"median": med[k], "all": v}
                      for k, v in times.items()},
          "paired_ratios": ratios, "max_abs_diff": diff,
@@ -240,8 +256,10 @@ def format_table(out: dict[str, Any]) -> str:
            f" of {fl['batch_size']}, K = {fl['nce_k']}"]
   for k, v in out["round_s"].items():
     setup = out["setup_s"].get(k)
+    loop = out["loop"].get(k)
     lines.append(f"  {k:<20} median {v['median']:8.3f} s/round" +
-                 (f"  (setup {setup:.2f} s)" if setup is not None else ""))
+                 (f"  (setup {setup:.2f} s, {loop} loop)"
+                  if setup is not None else ""))
   for k, v in out["paired_ratios"].items():
     lines.append(f"  {k:<38} {v:8.2f}")
   if out["max_abs_diff"] is not None:

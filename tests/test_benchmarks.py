@@ -8,6 +8,7 @@ import math
 import jax
 import pytest
 
+from augfl_jax.training import presets
 from benchmarks import cells
 from benchmarks import round_cost
 from benchmarks import run_defaults
@@ -146,3 +147,18 @@ def test_crd_cost_times_recomputed_and_cached_pm(tmp_path):
   assert "cached/augfl_round_C2" in out["paired_ratios"]
   with open(Flags.output) as fh:
     assert json.load(fh)["setup_s"]["cached"] > 0
+  # mlp students have no convolutions: every step scans, as a run would.
+  assert set(out["loop"].values()) == {"scan"}
+
+
+def test_crd_cost_variants_take_the_students_convolutions_and_loop():
+  from benchmarks import crd_cost  # pylint: disable=g-import-not-at-top
+  assert crd_cost.parse_variants(
+      ["xla:conv_impl=xla+loop=python+kt_steps=4"]) == {
+          "xla": {"conv_impl": "xla", "loop": "python", "kt_steps": 4}}
+  with pytest.raises(ValueError, match="'widths' is not a CRDConfig"):
+    crd_cost.parse_variants(["w:widths=4"])
+  # Runs loop in Python on CPU only over XLA's convolutions.
+  cpu = jax.default_backend() == "cpu"
+  assert presets.crd_loop("xla") == ("python" if cpu else "scan")
+  assert presets.crd_loop("patches") == "scan"

@@ -1,5 +1,7 @@
 """FedCP: the feature split, the MMD, aggregation, vmap vs map, a tiny run."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -106,3 +108,20 @@ def test_few_rounds_beat_chance_on_held_out_clients(setup):
   assert ev["client_accuracy"].shape == (4,)
   assert float(ev["accuracy"]) > 0.6, ev  # chance: 1/3
   assert np.isfinite(float(ev["loss"]))
+
+
+def test_held_out_clients_adapt_at_eval_lr(setup):
+  """eval_lr changes only the held-out clients' step size: scoring with
+  (lr, eval_lr=b) is scoring with lr=b, and eval_lr=None is lr."""
+  state = fedcp.init_state(setup["params"], 5, jax.random.key(5))
+  state, _ = setup["round"](state, setup["train"])
+  config = setup["config"]
+  score = lambda c: fedcp.make_evaluate(setup["model"], c)(state,
+                                                           setup["test"])
+  at = lambda **kw: score(dataclasses.replace(config, **kw))
+  chex.assert_trees_all_close(at(eval_lr=0.5), at(lr=0.5))
+  chex.assert_trees_all_close(at(eval_lr=config.lr), setup["evaluate"](
+      state, setup["test"]))
+  assert not np.allclose(at(eval_lr=0.5)["loss"], at(eval_lr=0.001)["loss"])
+  with pytest.raises(ValueError, match="eval_lr must be > 0"):
+    fedcp.FedCPConfig(eval_lr=0.0)

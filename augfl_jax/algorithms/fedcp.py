@@ -79,6 +79,10 @@ class FedCPConfig:
       "head_mix) W^hg")
   eval_epochs: int | None = field(None, "a held-out client's epochs on its "
       "support set (default: local_epochs)")
+  eval_lr: float | None = field(None, "a held-out client's step size on its "
+      "support set (default: lr; the code scores only the clients it "
+      "trained, and PFLlib's generic new-client fine-tuning uses the "
+      "training step size)")
   eval_noise: bool = field(True, "Gumbel noise at prediction too (the code's "
       "behaviour)")
 
@@ -92,6 +96,8 @@ class FedCPConfig:
       raise ValueError("need gumbel_temperature > 0 and 0 <= head_mix <= 1")
     if self.eval_epochs is not None and self.eval_epochs < 0:
       raise ValueError(f"eval_epochs must be >= 0, got {self.eval_epochs}")
+    if self.eval_lr is not None and not self.eval_lr > 0:
+      raise ValueError(f"eval_lr must be > 0, got {self.eval_lr}")
 
 
 @flax.struct.dataclass
@@ -209,6 +215,8 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
   strategy = clients_lib.as_strategy(strategy)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)
+  if config.eval_lr is not None:  # the held-out clients' own step size
+    config = dataclasses.replace(config, lr=config.eval_lr)
 
   def one_client(state: FedCPState, client: ClientData, key: PRNGKey):
     name, extractor, global_head = fedcp_model.split_head(state.params)

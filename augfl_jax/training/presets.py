@@ -120,11 +120,7 @@ def resolve(config: RunConfig) -> RunConfig:
   if config.conv_impl == AUTO:
     changes["conv_impl"] = models.default_conv_impl()
   if config.crd.loop == AUTO:
-    # XLA:CPU runs its own convolutions inside lax.scan slowly
-    # (transfer/crd.py); "patches" convolutions are matmuls and scan well.
-    changes["crd.loop"] = ("python" if jax.default_backend() == "cpu" and
-                           changes.get("conv_impl", config.conv_impl) == "xla"
-                           else "scan")
+    changes["crd.loop"] = crd_loop(changes.get("conv_impl", config.conv_impl))
   if config.crd.kt_steps is None and config.data.server_size:
     changes["crd.kt_steps"] = -(-config.data.server_size //
                                 config.crd.batch_size)
@@ -154,6 +150,16 @@ def default_pm_dir(config: RunConfig) -> str:
   return pm.default_pm_dir(PM_ROOT, config.dataset,
                            f"{name}_e{config.pm.epochs}",
                            config.data.server_size)
+
+
+def crd_loop(conv_impl: str) -> str:
+  """How the CRD minibatches of a client model with ``conv_impl`` (resolved)
+  run: ``"python"`` on CPU with XLA's convolutions, which XLA:CPU runs
+  slowly inside ``lax.scan`` (transfer/crd.py), else ``"scan"``
+  ("patches" convolutions are matmuls and scan well: 1.4x faster than the
+  Python loop, benchmarks/RESULTS.md)."""
+  return ("python" if jax.default_backend() == "cpu" and conv_impl == "xla"
+          else "scan")
 
 
 def model_kwargs(name: str, norm: str, json_kwargs: str = "",

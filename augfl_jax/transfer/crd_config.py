@@ -23,7 +23,11 @@ class CRDConfig:
   ``"python"`` (a Python loop over a jitted minibatch step; same numbers) or
   ``"auto"`` (``"python"`` on CPU, ``"scan"`` elsewhere). XLA:CPU runs
   ``lax.conv`` inside a loop body roughly 10x slower than outside one (a
-  CNN round: 14 s vs 1 s of CPU time).
+  CNN round: 14 s vs 1 s of CPU time). A client model whose convolutions
+  are matmuls (``conv_impl="patches"``, the CPU default) scans well: on a
+  2-core CPU ``"scan"`` ran the cnn's step 1.4x faster than ``"python"``
+  (benchmarks/RESULTS.md), and ``experiments.run`` chooses it
+  (``training.presets.crd_loop``).
   """
 
   feat_dim: int = field(128, "embedding size of the two heads and the banks")
