@@ -31,7 +31,8 @@ VARIANTS = {
         "eval.alpha",
         "crd.augment", "pm.dir"},
     "fashion_mnist_cpu": {"pm.model", "pm.epochs", "pm.dir",
-                          "crd.kt_steps", "crd.negative_sampling"},
+                          "crd.kt_steps", "crd.negative_sampling",
+                          "crd.nce_k"},
 }
 
 

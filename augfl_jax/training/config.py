@@ -228,6 +228,7 @@ STEP_SIZE_FIELDS = ("augfl.alpha", "eval.alpha", "fedavg.lr",
                     "per_fedavg.alpha", "per_fedavg.beta", "fedbc.lr",
                     "fedbc.lr_lambda", "fedbc.lr_gamma", "fedbc.alpha",
                     "fedbc.beta", "fedproto.lr", "fedpcl.lr", "fedcp.lr",
+                    "fedcp.eval_lr",
                     "fedit.lr", "fedoa.lr", "fedoa.personal_lr",
                     "crd.head_lr", "crd.student_lr")
 # What ``resume_changes`` may name: the step sizes, and AugFL's weight of
