@@ -155,9 +155,9 @@ def default_pm_dir(config: RunConfig) -> str:
 def crd_loop(conv_impl: str) -> str:
   """How the CRD minibatches of a client model with ``conv_impl`` (resolved)
   run: ``"python"`` on CPU with XLA's convolutions, which XLA:CPU runs
-  slowly inside ``lax.scan`` (transfer/crd.py), else ``"scan"``
-  ("patches" convolutions are matmuls and scan well: 1.4x faster than the
-  Python loop, benchmarks/RESULTS.md)."""
+  slowly inside ``lax.scan`` (``transfer.CRDConfig.loop``), else ``"scan"``
+  ("patches" convolutions are matmuls and scan well: the cnn's step 1.35x
+  faster than in the Python loop, benchmarks/RESULTS.md §14)."""
   return ("python" if jax.default_backend() == "cpu" and conv_impl == "xla"
           else "scan")
 

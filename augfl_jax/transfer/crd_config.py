@@ -25,8 +25,8 @@ class CRDConfig:
   ``lax.conv`` inside a loop body roughly 10x slower than outside one (a
   CNN round: 14 s vs 1 s of CPU time). A client model whose convolutions
   are matmuls (``conv_impl="patches"``, the CPU default) scans well: on a
-  2-core CPU ``"scan"`` ran the cnn's step 1.4x faster than ``"python"``
-  (benchmarks/RESULTS.md), and ``experiments.run`` chooses it
+  2-core CPU ``"scan"`` ran the cnn's step 1.35x faster than ``"python"``
+  (benchmarks/RESULTS.md §14), and ``experiments.run`` chooses it
   (``training.presets.crd_loop``).
   """
 
