@@ -290,6 +290,19 @@ def test_padding_and_the_loop_change_nothing():
       grad_fn(STUDENT, state), padded)
 
 
+@pytest.mark.parametrize("conv_impl", ["patches", "xla"])
+def test_auto_loop_is_python_only_for_xla_convolutions_on_cpu(conv_impl):
+  from augfl_jax import models  # pylint: disable=g-import-not-at-top
+  model = models.create_model("cnn", 10, conv_impl=conv_impl)
+  x = jnp.zeros((4, 28, 28, 1))
+  params = model.init(jax.random.PRNGKey(0), x)["params"]
+  loop = crd.default_loop(models.make_features_fn(model), params, x)
+  on_cpu = jax.default_backend() == "cpu"
+  assert loop == ("python" if on_cpu and conv_impl == "xla" else "scan")
+  # no convolution at all: the scan
+  assert crd.default_loop(apply_fn, STUDENT, SERVER["x"][:4]) == "scan"
+
+
 def test_gradient_is_the_mean_of_per_batch_gradients():
   # CE only: a deterministic R_h; 12 examples in batches of 5, 5 and 2 (the
   # last one padded), computed by hand on the real rows of each batch.

@@ -64,6 +64,21 @@ StudentApply = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array,
 TeacherApply = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
+def default_loop(student_apply: StudentApply, student_params: Params,
+                 x: jax.Array) -> str:
+  """The minibatch loop ``CRDConfig(loop="auto")`` runs for this client
+  model on a minibatch like ``x [B, ...]``: ``"python"`` on CPU when its
+  forward pass holds an XLA convolution (XLA:CPU runs ``lax.conv`` inside
+  a ``lax.scan`` body about 10x slower than outside one), else ``"scan"``
+  (faster: 1.35x for the cnn with patch convolutions,
+  benchmarks/RESULTS.md §14)."""
+  if jax.default_backend() != "cpu":
+    return "scan"
+  jaxpr = jax.make_jaxpr(student_apply)(
+      student_params, x, jnp.ones(x.shape[:1], jnp.float32))
+  return "python" if "conv_general_dilated" in str(jaxpr) else "scan"
+
+
 @flax.struct.dataclass
 class CRDState:
   """Server-side CRD state, one pytree carried across rounds.
@@ -278,10 +293,14 @@ def make_crd_regularizer(student_apply: StudentApply,
                       jax.tree.map(lambda *m: jnp.stack(m), *metrics))
 
   data = (x_all, y_all, table, teacher_consts)
-  round_fn = scan_round if config.resolved_loop == "scan" else python_round
+  round_fns = {"scan": scan_round, "python": python_round}
+  loop = [None if config.loop == "auto" else config.loop]
 
   def grad_fn(student_params: Params, state: CRDState
              ) -> tuple[Params, CRDState, dict[str, Any]]:
-    return round_fn(student_params, state, data)
+    if loop[0] is None:  # "auto", chosen on the first call
+      loop[0] = default_loop(student_apply, student_params,
+                             x_all[:batch_size])
+    return round_fns[loop[0]](student_params, state, data)
 
   return init_fn, grad_fn

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from augfl_jax.fields import field
 from augfl_jax.transfer.server_data import AUGMENTATIONS
 
@@ -21,12 +19,14 @@ class CRDConfig:
 
   ``loop``: how the minibatches run: ``"scan"`` (one jitted ``lax.scan``),
   ``"python"`` (a Python loop over a jitted minibatch step; same numbers) or
-  ``"auto"`` (``"python"`` on CPU, ``"scan"`` elsewhere). XLA:CPU runs
-  ``lax.conv`` inside a loop body roughly 10x slower than outside one (a
-  CNN round: 14 s vs 1 s of CPU time). A client model whose convolutions
-  are matmuls (``conv_impl="patches"``, the CPU default) scans well: on a
-  2-core CPU ``"scan"`` ran the cnn's step 1.35x faster than ``"python"``
-  (benchmarks/RESULTS.md §14), and ``experiments.run`` chooses it
+  ``"auto"`` (``transfer.crd.default_loop``: ``"python"`` on CPU when the
+  client model's forward pass holds an XLA convolution, ``"scan"``
+  otherwise). XLA:CPU runs ``lax.conv`` inside a loop body roughly 10x
+  slower than outside one (a CNN round: 14 s vs 1 s of CPU time). A client
+  model whose convolutions are matmuls (``conv_impl="patches"``, the CPU
+  default) scans well: on a 2-core CPU ``"scan"`` ran the cnn's step 1.35x
+  faster than ``"python"`` (benchmarks/RESULTS.md §14). ``experiments.run``
+  makes the same choice from the run's ``conv_impl``
   (``training.presets.crd_loop``).
   """
 
@@ -81,7 +81,8 @@ class CRDConfig:
       "reference's RandomCrop with padding 4 and a horizontal flip)",
       choices=AUGMENTATIONS)
   loop: str = field("auto", "how the minibatches run: scan, python (same "
-                    "numbers) or auto (python on CPU, scan elsewhere)",
+                    "numbers) or auto (python on CPU when the client model "
+                    "has XLA convolutions, else scan)",
                     choices=LOOPS + ("auto",))
 
   def __post_init__(self):
@@ -122,12 +123,5 @@ class CRDConfig:
   def negatives(self) -> int:
     """K: ``nce_k``, or the reference's 16384 when it is None."""
     return REFERENCE_NCE_K if self.nce_k is None else self.nce_k
-
-  @property
-  def resolved_loop(self) -> str:
-    """``loop`` with ``"auto"`` replaced by the backend's choice."""
-    if self.loop != "auto":
-      return self.loop
-    return "python" if jax.default_backend() == "cpu" else "scan"
 
 
