@@ -28,23 +28,23 @@ The public API, by module:
 """
 
 from augfl_jax import algorithms
-from augfl_jax import augfl
-from augfl_jax import clients
+from augfl_jax.algorithms import augfl
+from augfl_jax.core import client_axis as clients
 from augfl_jax import data
-from augfl_jax import distributed
-from augfl_jax import evaluation
-from augfl_jax import fields
-from augfl_jax import hvp
-from augfl_jax import intervals
-from augfl_jax import local
+from augfl_jax.core import distributed
+from augfl_jax.core import evaluation
+from augfl_jax.core import fields
+from augfl_jax.core import hvp
+from augfl_jax.core import intervals
+from augfl_jax.core import local
 from augfl_jax import models
 from augfl_jax import pm
-from augfl_jax import pretrain
-from augfl_jax import progress
+from augfl_jax.pm import pretrain
+from augfl_jax.core import progress
 from augfl_jax import training
 from augfl_jax import transfer
-from augfl_jax import tree
-from augfl_jax import types
-from augfl_jax.types import Batch, ClientData, LossFn, Params, PRNGKey
+from augfl_jax.core import tree
+from augfl_jax.core import types
+from augfl_jax.core.types import Batch, ClientData, LossFn, Params, PRNGKey
 
 __version__ = "0.1.0"

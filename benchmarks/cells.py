@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax import augfl
+from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax import models
 from augfl_jax.algorithms import fedavg
 from augfl_jax.algorithms import per_fedavg
-from augfl_jax.types import ClientData
+from augfl_jax.core.types import ClientData
 
 ALGORITHMS = ("augfl", "fedavg", "per_fedavg")
 # benchmark model -> (registry name, input shape, number of classes, kwargs);

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax import clients as clients_lib
+from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
 from augfl_jax import transfer
 from augfl_jax.training import presets

@@ -23,7 +23,8 @@ from absl import app
 from absl import flags
 import jax
 
-from augfl_jax import evaluation, fields, training
+from augfl_jax.core import evaluation, fields
+from augfl_jax import training
 from augfl_jax.training import rounds, wiring
 
 FLAGS = flags.FLAGS

@@ -40,7 +40,10 @@ from absl import flags
 import jax
 import numpy as np
 
-from augfl_jax import augfl, data, evaluation, intervals, models, pretrain
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax import data, models
+from augfl_jax.core import evaluation, intervals
+from augfl_jax.pm import pretrain
 from augfl_jax import transfer
 from augfl_jax.models import authors as authors_models
 from benchmarks import authors_code

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import hvp as hvp_lib
+from augfl_jax.core import hvp as hvp_lib
 from benchmarks import cells
 
 FLAGS = flags.FLAGS

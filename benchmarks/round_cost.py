@@ -46,7 +46,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import clients as clients_lib
+from augfl_jax.core import client_axis as clients_lib
 from benchmarks import cells
 
 FLAGS = flags.FLAGS

@@ -25,9 +25,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from augfl_jax import fields, training
-from augfl_jax.progress import counted
-from experiments import flags as run_flags
+from augfl_jax.core import fields
+from augfl_jax import training
+from augfl_jax.core.progress import counted
+from experiments import cli as run_flags
 from experiments import plot, sweep
 
 # PMs of three sizes per kind of dataset (Fig. 9): (pm.model, pm.kwargs).

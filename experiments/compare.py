@@ -30,7 +30,7 @@ import sys
 from absl import app
 from absl import flags
 
-from augfl_jax import intervals
+from augfl_jax.core import intervals
 from experiments import scores
 
 FLAGS = flags.FLAGS

@@ -24,7 +24,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from augfl_jax import fields, training
+from augfl_jax.core import fields
+from augfl_jax import training
 
 # Fields that may differ between repeats of one configuration (matched on a
 # key's last dotted part): the seed, and run control or implementation

@@ -20,7 +20,8 @@ from typing import Any
 
 from absl import flags
 
-from augfl_jax import fields, training
+from augfl_jax.core import fields
+from augfl_jax import training
 
 COMMON = ("dataset", "algorithm", "rounds", "seed", "output_dir")
 RUN_CONTROL = ("output_dir", "checkpoint_every", "resume", "overwrite",

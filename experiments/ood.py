@@ -53,9 +53,10 @@ from typing import Any, Sequence
 from absl import flags
 import numpy as np
 
-from augfl_jax import fields, training
+from augfl_jax.core import fields
+from augfl_jax import training
 from augfl_jax.data import rotated
-from experiments import flags as run_flags
+from experiments import cli as run_flags
 from experiments import sweep
 from experiments.ood_domains import (Protocol, check_protocol, domains,
                                      held_out_indices, leave_out,

@@ -19,8 +19,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from augfl_jax import clients, data, fields, training
-from augfl_jax.algorithms import fedoa
+from augfl_jax.core import client_axis as clients, fields
+from augfl_jax import data, training
+from augfl_jax.algorithms.fedoa import round as fedoa
 from augfl_jax.data import rotated
 from augfl_jax.training import checkpoints, outputs, wiring
 from augfl_jax.training.config import algorithm_config

@@ -37,7 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from augfl_jax import intervals
+from augfl_jax.core import intervals
 from experiments.curves import (ALGORITHM, DATASET, REPEAT_FIELDS,
                                 REPEAT_SECTIONS, SEED, Curve, PlotError,
                                 find_runs, flatten, group_curves, load_run)

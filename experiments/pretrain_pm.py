@@ -24,10 +24,11 @@ from __future__ import annotations
 from absl import flags
 from absl import logging
 
-from augfl_jax import data, models, pm, training
-from augfl_jax.progress import counted
+from augfl_jax import data, models, training
+from augfl_jax.pm import store as pm
+from augfl_jax.core.progress import counted
 from augfl_jax.training import presets, wiring
-from experiments import flags as run_flags
+from experiments import cli as run_flags
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
 PM_FIELDS = ("dataset", "norm", "conv_impl", "data.data_dir",

@@ -57,7 +57,7 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-import-position
-from experiments import flags as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = run_flags.FLAGS
 run_flags.define_config_flags()

@@ -3,12 +3,12 @@
 A run's score is read from its ``metrics.jsonl``: the last evaluation's
 held-out clients (the protocol's own, e.g. 10) and, where the run scored
 them, its test-split clients (many clients from the dataset's test split,
-the same for every method of a seed: :mod:`augfl_jax.data.test_split`).
+the same for every method of a seed: :mod:`augfl_jax.data.official_test_split`).
 Per-client correct predictions and query sizes are kept, so that two
 methods of one seed can be compared client by client.
 
 The headline figure is the test-split accuracy when every run has one, and
-the held-out accuracy otherwise. Intervals (``augfl_jax.intervals``):
+the held-out accuracy otherwise. Intervals (``augfl_jax.core.intervals``):
 
 * one run: the sample-weighted accuracy's 95% interval across its clients;
 * a method over seeds: the mean of its seeds' accuracies with the 95%
@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from augfl_jax import intervals
+from augfl_jax.core import intervals
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,9 +27,10 @@ from typing import Any, Callable
 from absl import flags
 import numpy as np
 
-from augfl_jax import fields, progress, training
+from augfl_jax.core import fields, progress
+from augfl_jax import training
 from augfl_jax.training import checkpoints, outputs
-from experiments import flags as run_flags
+from experiments import cli as run_flags
 
 FLAGS = flags.FLAGS
 Cell = dict[str, Any]  # dotted RunConfig field -> value

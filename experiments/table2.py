@@ -56,8 +56,9 @@ from typing import Any
 from absl import flags
 import numpy as np
 
-from augfl_jax import fields, intervals, training
-from experiments import flags as run_flags
+from augfl_jax.core import fields, intervals
+from augfl_jax import training
+from experiments import cli as run_flags
 from experiments import curves, scores, sweep
 
 # Table II's columns, then the two other methods of this library.

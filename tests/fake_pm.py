@@ -6,7 +6,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from augfl_jax import models, pm, pretrain
+from augfl_jax import models
+from augfl_jax.pm import store as pm, pretrain
 
 # What a digits run expects of its PM: the server split and the recipe.
 DIGITS = {"dataset": "digits", "server_size": 400, "epochs": 30}

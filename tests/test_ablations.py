@@ -12,7 +12,9 @@ import sys
 import jax
 import pytest
 
-from augfl_jax import fields, models, pretrain, training
+from augfl_jax.core import fields
+from augfl_jax import models, training
+from augfl_jax.pm import pretrain
 from augfl_jax.training import presets
 from experiments import ablations, plot
 from tests import fake_pm

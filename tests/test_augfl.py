@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from augfl_jax import augfl, hvp, tree
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.core import hvp, tree
 from tests import tiny
 
 ALPHA, RHO = 0.05, 0.7
@@ -198,7 +199,7 @@ def test_padding_changes_nothing():
 
 @pytest.mark.parametrize("strategy", ["map", "chunked"])
 def test_strategies_and_python_loop_agree(strategy):
-  from augfl_jax import clients as clients_lib
+  from augfl_jax.core import client_axis as clients_lib
   clients = tiny.client_data(seed=6, num_clients=5)
   theta0 = tiny.init(jax.random.key(5))
   config = augfl.AugFLConfig(alpha=ALPHA, rho=RHO)

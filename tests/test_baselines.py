@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from augfl_jax import evaluation, local, tree
+from augfl_jax.core import evaluation, local, tree
 from augfl_jax.algorithms import fedavg, per_fedavg
 from tests import tiny
 
@@ -87,7 +87,7 @@ def test_per_fedavg_meta_step_against_direct_computation(variant, method):
 @pytest.mark.parametrize("algo", [
     "fedavg", pytest.param("per_fedavg", marks=pytest.mark.slow)])
 def test_strategies_agree_and_seed_controls_randomness(algo):
-  from augfl_jax import clients as clients_lib
+  from augfl_jax.core import client_axis as clients_lib
   clients = tiny.client_data(seed=4, num_clients=4)
   theta = tiny.init(jax.random.key(2))
   module = {"fedavg": fedavg, "per_fedavg": per_fedavg}[algo]

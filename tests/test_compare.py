@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from augfl_jax import intervals
+from augfl_jax.core import intervals
 from experiments import compare
 from tests.test_scores import _t_interval, _write_run
 

@@ -31,7 +31,8 @@ import re
 import jax
 import pytest
 
-from augfl_jax import fields, training
+from augfl_jax.core import fields
+from augfl_jax import training
 
 _TRACED = re.compile(r"Finished tracing (\S+) for jit ")
 _LOWERED = re.compile(r"Compiling jit\(([^)]+)\) ")

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import augfl
-from augfl_jax import distributed
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.core import distributed
 from tests import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +39,8 @@ _WORKER = textwrap.dedent("""
                                initialization_timeout=120)
     import numpy as np
     from jax.experimental import multihost_utils
-    from augfl_jax import augfl, clients, distributed
+    from augfl_jax.algorithms.augfl import round as augfl
+    from augfl_jax.core import client_axis as clients, distributed
     from tests import tiny
     assert jax.process_count() == 2 and jax.device_count() == 8
     assert jax.local_device_count() == 4

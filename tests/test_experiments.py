@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import clients, fields, models, training
+from augfl_jax.core import client_axis as clients, fields
+from augfl_jax import models, training
 from augfl_jax.training import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,7 +20,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from augfl_jax import fields, models, pretrain, training
+from augfl_jax.core import fields
+from augfl_jax import models, training
+from augfl_jax.pm import pretrain
 from augfl_jax.training import checkpoints, loop
 from tests import fake_pm
 
@@ -281,7 +283,7 @@ _NAN_CLI = """
 import dataclasses, functools
 import jax.numpy as jnp
 from augfl_jax import training
-from experiments import flags, run
+from experiments import cli as flags, run
 def nan3(fed):
   support = dict(fed.train.support)
   support["x"] = support["x"].at[3].set(jnp.nan)

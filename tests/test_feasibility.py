@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from augfl_jax import fields, training
+from augfl_jax.core import fields
+from augfl_jax import training
 from augfl_jax.training import feasibility, wiring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

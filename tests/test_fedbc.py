@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import local, tree
-from augfl_jax.algorithms import fedbc
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import local, tree
+from augfl_jax.algorithms.fedbc import round as fedbc
 from tests import tiny
 
 ravel = lambda p: np.asarray(ravel_pytree(p)[0], np.float64)

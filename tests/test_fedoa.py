@@ -8,8 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from augfl_jax import models, tree
-from augfl_jax.algorithms import fedit, fedoa, fedoa_personal
+from augfl_jax import models
+from augfl_jax.core import tree
+from augfl_jax.algorithms import fedit
+from augfl_jax.algorithms.fedoa import personal as fedoa_personal
+from augfl_jax.algorithms.fedoa import round as fedoa
 from augfl_jax.data import rotated
 from augfl_jax.data.sources import Dataset
 from tests import tiny

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from augfl_jax import models
-from augfl_jax.algorithms import fedpcl, fedpcl_contrastive
+from augfl_jax.algorithms.fedpcl import contrastive as fedpcl_contrastive
+from augfl_jax.algorithms.fedpcl import round as fedpcl
 from tests.test_fedproto import D, K, no_key, separable_clients
 
 

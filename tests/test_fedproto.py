@@ -8,7 +8,7 @@ import pytest
 
 from augfl_jax import models
 from augfl_jax.algorithms import fedproto, prototypes
-from augfl_jax.types import ClientData
+from augfl_jax.core.types import ClientData
 
 K, D = 3, 6
 

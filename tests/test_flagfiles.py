@@ -8,8 +8,9 @@ import os
 import pytest
 from absl import flags
 
-from augfl_jax import fields, training
-from experiments import flags as run_flags
+from augfl_jax.core import fields
+from augfl_jax import training
+from experiments import cli as run_flags
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "experiments", "configs")

@@ -10,10 +10,11 @@ import sys
 import pytest
 from absl import flags
 
-from augfl_jax import fields, training
+from augfl_jax.core import fields
+from augfl_jax import training
 from augfl_jax.training import presets
 from experiments import flag_help
-from experiments import flags as run_flags
+from experiments import cli as run_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -66,8 +66,8 @@ def test_a_tfds_copy_without_tensorflow_names_the_extra(tmp_path):
   result = _python(
       "from experiments import run\n"
       "sys.argv = ['run'] + sys.argv[1:]\n"
-      "from experiments import flags\n"
-      "flags.main_runner(run.main)\n",
+      "from experiments import cli\n"
+      "cli.main_runner(run.main)\n",
       "--dataset=cifar10", f"--data.data_dir={root}",
       f"--output_dir={tmp_path / 'out'}")
   assert result.returncode == 2, result.stderr

@@ -24,7 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from augfl_jax import checkpoint, data, fields, models, pm, training
+from augfl_jax.storage import checkpoint
+from augfl_jax import data, models, training
+from augfl_jax.core import fields
+from augfl_jax.pm import store as pm
 from augfl_jax.training import outputs, wiring
 from tests import fake_pm
 
@@ -254,7 +257,7 @@ def test_a_full_disk_at_start_names_the_output_dir(tmp_path, monkeypatch,
 _SAVE_ON_THE_SECOND_DEVICE = """
 import sys
 import jax, jax.numpy as jnp
-from augfl_jax import checkpoint
+from augfl_jax.storage import checkpoint
 tree = {"w": jax.device_put(jnp.arange(6.0).reshape(2, 3), jax.devices()[1])}
 checkpoint.save(sys.argv[1], tree, {"saved_on": str(jax.devices()[1])})
 """

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from augfl_jax import intervals
+from augfl_jax.core import intervals
 
 
 def test_mean_interval_is_the_student_t_interval():

@@ -11,8 +11,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from augfl_jax import augfl, evaluation, models, tree
-from augfl_jax.types import ClientData
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.core import evaluation, tree
+from augfl_jax import models
+from augfl_jax.core.types import ClientData
 from tests import tiny
 
 STRATEGY = "map"

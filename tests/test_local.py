@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from augfl_jax import local, models
+from augfl_jax.core import local
+from augfl_jax import models
 
 
 def _least_squares(rng, real, pad):

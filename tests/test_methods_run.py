@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from augfl_jax import algorithms, fields, training
+from augfl_jax import algorithms, training
+from augfl_jax.core import fields
 from augfl_jax.training import presets
 from augfl_jax.training.config import algorithm_config
 

@@ -16,7 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import data, fields, models, pretrain, training
+from augfl_jax import data, models, training
+from augfl_jax.core import fields
+from augfl_jax.pm import pretrain
 from augfl_jax.data import rotated
 from augfl_jax.training import wiring
 from experiments import ood, ood_domains

@@ -12,8 +12,11 @@ import numpy as np
 import optax
 import pytest
 
-from augfl_jax import checkpoint, data, fields, models, pm, training
-from augfl_jax import pretrain as pt
+from augfl_jax.storage import checkpoint
+from augfl_jax import data, models, training
+from augfl_jax.core import fields
+from augfl_jax.pm import store as pm
+from augfl_jax.pm import pretrain as pt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

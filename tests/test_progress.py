@@ -2,8 +2,9 @@
 
 import pytest
 
-from augfl_jax import data, models, progress
-from augfl_jax import pretrain as pt
+from augfl_jax import data, models
+from augfl_jax.core import progress
+from augfl_jax.pm import pretrain as pt
 
 
 class FakeClock:

@@ -33,7 +33,7 @@ def test_readme_run_commands_parse_and_the_cpu_command_comes_first():
   values it accepts; "Real data" puts the command that fits a CPU
   (results/fashion_mnist/'s PM and rounds) before the paper's."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from experiments import flags as run_flags  # pylint: disable=g-import-not-at-top
+  from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top
   text = open(os.path.join(ROOT, "README.md")).read()
   lines = "\n".join(l for l in text.splitlines() if not l.startswith("$ "))
   commands = re.findall(r"python -m experiments\.run((?: --[\w.]+(?:=\S*)?)*)",

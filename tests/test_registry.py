@@ -8,8 +8,11 @@ import inspect
 import jax
 import pytest
 
-from augfl_jax import algorithms, augfl, models
-from augfl_jax.algorithms import base, fedavg, fedbc, fedpcl
+from augfl_jax import algorithms, models
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import base, fedavg
+from augfl_jax.algorithms.fedbc import round as fedbc
+from augfl_jax.algorithms.fedpcl import round as fedpcl
 
 # The roles of the paper's methods (see base.PM_ROLES).
 ROLES = {

@@ -30,7 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from augfl_jax import augfl, data, fields, models, training, tree
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax import data, models, training
+from augfl_jax.core import fields, tree
 from augfl_jax.training import checkpoints, outputs, wiring
 from tests import tiny
 

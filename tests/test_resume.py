@@ -17,8 +17,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from augfl_jax import (algorithms, checkpoint, clients, fields, models,
-                       pretrain, training)
+from augfl_jax import algorithms, models, training
+from augfl_jax.storage import checkpoint
+from augfl_jax.core import client_axis as clients, fields
+from augfl_jax.pm import pretrain
 from augfl_jax.training import checkpoints, loop, rounds, wiring
 from tests import fake_pm
 

@@ -19,7 +19,10 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import data, fields, locks, models, pm, pretrain, training
+from augfl_jax import data, models, training
+from augfl_jax.core import fields
+from augfl_jax.storage import locks
+from augfl_jax.pm import store as pm, pretrain
 from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

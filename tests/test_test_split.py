@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import data, evaluation, fields, models, training
-from augfl_jax.data import idx, test_split
+from augfl_jax import data, models, training
+from augfl_jax.core import evaluation, fields
+from augfl_jax.data import idx, official_test_split as test_split
 from augfl_jax.training import wiring
 from tests import test_data
 

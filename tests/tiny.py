@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax.types import ClientData
+from augfl_jax.core.types import ClientData
 
 D, H, K = 5, 4, 3
 

@@ -18,7 +18,7 @@ Each algorithm module exports a config dataclass, pure functions
 Evaluation rule (one for every method): a held-out client personalises the
 trained state with its support set by the method's own procedure and is
 scored on its query set. For methods that produce one global model, that
-procedure is fast adaptation (``augfl_jax.evaluation``: ``eval_steps`` SGD
+procedure is fast adaptation (``augfl_jax.core.evaluation``: ``eval_steps`` SGD
 steps of size ``eval_alpha``).
 """
 
@@ -29,9 +29,13 @@ from typing import Any, Callable, Mapping
 import flax.linen as nn
 import jax
 
-from augfl_jax import clients as clients_lib
-from augfl_jax.algorithms import (augfl_pm, fedavg, fedbc, fedcp, fedit,
-                                  fedoa, fedpcl, fedproto, per_fedavg)
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.algorithms.augfl import pm_aided as augfl_pm
+from augfl_jax.algorithms import fedavg, fedit, fedproto, per_fedavg
+from augfl_jax.algorithms.fedbc import round as fedbc
+from augfl_jax.algorithms.fedcp import round as fedcp
+from augfl_jax.algorithms.fedoa import round as fedoa
+from augfl_jax.algorithms.fedpcl import round as fedpcl
 from augfl_jax.algorithms.base import (PM_ROLES, AlgorithmSpec,
                                        FederatedAlgorithm, Regularizer)
 

@@ -17,10 +17,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import models, tree
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax import models
+from augfl_jax.core import tree
 from augfl_jax.algorithms import base
-from augfl_jax.types import ClientData, Params, PRNGKey
+from augfl_jax.core.types import ClientData, Params, PRNGKey
 
 # local_update(server_params, one_client_data, key) -> (client_params, loss)
 LocalUpdate = Callable[[Params, ClientData, PRNGKey], tuple[Params, jax.Array]]

@@ -23,9 +23,10 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, models
-from augfl_jax.types import ClientData, Params, PRNGKey
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import evaluation
+from augfl_jax import models
+from augfl_jax.core.types import ClientData, Params, PRNGKey
 
 PM_ROLES = ("none", "regularizer", "initialization", "encoder", "backbone")
 

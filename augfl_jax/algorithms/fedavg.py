@@ -5,7 +5,7 @@ A client trains on all of its local data (support and query together) for
 authors' code trains its FedAvg on the support set only, full batch, at
 lr alpha: ``train_on="support"``, ``batch_size`` at least a client's size and
 ``lr=0.03`` reproduce it. Held-out clients: fast adaptation of the global
-model (``augfl_jax.evaluation``).
+model (``augfl_jax.core.evaluation``).
 
 FedLP is FedAvg started from a client-size model pretrained on the server
 split (the caller passes it as the initial params).
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import local
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import local
 from augfl_jax.algorithms import averaging, base
-from augfl_jax.fields import field
-from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
 PM_ROLE = "none"
 FEDLP_PM_ROLE = "initialization"

@@ -23,12 +23,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, models, tree
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import evaluation, local, tree
+from augfl_jax import models
 from augfl_jax.algorithms import averaging, base
 from augfl_jax.models import lora
-from augfl_jax.fields import field
-from augfl_jax.types import Batch, ClientData, Params, PRNGKey
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "backbone"
 

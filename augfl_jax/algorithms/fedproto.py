@@ -50,11 +50,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, models
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import evaluation, local
+from augfl_jax import models
 from augfl_jax.algorithms import averaging, base, prototypes
-from augfl_jax.fields import field
-from augfl_jax.types import Batch, ClientData, Params, PRNGKey
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "none"
 DISTANCES = ("mse", "squared_l2")

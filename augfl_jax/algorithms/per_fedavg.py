@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import hvp as hvp_lib
-from augfl_jax import local
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import hvp as hvp_lib
+from augfl_jax.core import local
 from augfl_jax.algorithms import averaging, base
-from augfl_jax.fields import field
-from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
 PM_ROLE = "none"
 VARIANTS = ("fo", "hf")

@@ -29,9 +29,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import tree
+from augfl_jax.core import tree
 from augfl_jax.algorithms import averaging
-from augfl_jax.types import Params, PRNGKey
+from augfl_jax.core.types import Params, PRNGKey
 
 WEIGHTINGS = ("count", "uniform")
 
@@ -149,7 +149,7 @@ def server_step(state: PrototypeState, merge: Callable, params: Params,
 
   Writes the participants' personal models, prototypes ``[K_p, K, d]`` and
   counts ``[K_p, K]`` into the stacked state with ``merge`` (see
-  ``augfl_jax.tree.client_subset``), aggregates every client's latest
+  ``augfl_jax.core.tree.client_subset``), aggregates every client's latest
   prototypes into the global ones and counts the round.
 
   Returns:

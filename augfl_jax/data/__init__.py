@@ -40,10 +40,10 @@ from augfl_jax.data.sources import available_datasets
 from augfl_jax.data.sources import load_dataset
 from augfl_jax.data.sources import load_split
 from augfl_jax.data.idx import DataFileError
-from augfl_jax.data.test_split import TestSplitClients
-from augfl_jax.data.test_split import TestSplitUnavailable
-from augfl_jax.data.test_split import load_test_split_clients
-from augfl_jax.data.test_split import locate_test_split
+from augfl_jax.data.official_test_split import TestSplitClients
+from augfl_jax.data.official_test_split import TestSplitUnavailable
+from augfl_jax.data.official_test_split import load_test_split_clients
+from augfl_jax.data.official_test_split import locate_test_split
 
 __all__ = [
     "ALIASES",

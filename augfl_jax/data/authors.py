@@ -56,8 +56,8 @@ from augfl_jax.data.splits import (Partition, _check_int, _check_labels,
                                    _check_server_size,
                                    _check_support_fraction,
                                    _check_train_fraction, _num_test_clients)
-from augfl_jax.data.test_split import TestSplitClients
-from augfl_jax.types import ClientData
+from augfl_jax.data.official_test_split import TestSplitClients
+from augfl_jax.core.types import ClientData
 
 __all__ = ["authors_partition", "draw_clients", "joined_pool",
            "load_federated", "load_joined_pool", "user_classes"]

@@ -53,7 +53,8 @@ class DatasetSpec:
       found raw or with ``.gz``; ``None`` for a dataset without IDX files.
     test_idx_files: the official test split's IDX file names, looked for
       beside the train files (never used for training; held-out clients
-      are drawn from it to score a run, :mod:`augfl_jax.data.test_split`).
+      are drawn from it to score a run,
+      :mod:`augfl_jax.data.official_test_split`).
     label_offset: subtracted from stored labels (EMNIST letters: 1..26).
     tfds_name: the tfds name of a prepared copy, ``None`` if none is read.
     subdirs: sub-directories of a search root that may hold the IDX files.

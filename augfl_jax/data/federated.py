@@ -17,7 +17,7 @@ import numpy as np
 
 from augfl_jax.data.splits import Partition
 from augfl_jax.data.sources import Dataset
-from augfl_jax.types import Batch, ClientData
+from augfl_jax.core.types import Batch, ClientData
 
 __all__ = ["FederatedData", "build_federated", "check_labels", "client_data",
            "pad_stack"]
@@ -151,7 +151,7 @@ class FederatedData:
     partition: the index-level partition the arrays were built from.
     dataset_name: name of the source dataset.
     test_split: many more held-out clients, drawn from the dataset's test
-      split (:mod:`augfl_jax.data.test_split`), or ``None``.
+      split (:mod:`augfl_jax.data.official_test_split`), or ``None``.
     test_split_off: why ``test_split`` is ``None`` (empty when it is not,
       or when it was not asked for).
   """

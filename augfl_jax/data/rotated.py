@@ -35,7 +35,7 @@ import numpy as np
 
 from augfl_jax.data.federated import pad_stack
 from augfl_jax.data.sources import Dataset
-from augfl_jax.types import Batch, ClientData
+from augfl_jax.core.types import Batch, ClientData
 
 __all__ = ["RotatedDomain", "rotate_images", "rotated_domains",
            "leave_one_out", "pool_clients", "DEFAULT_ANGLES"]

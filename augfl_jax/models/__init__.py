@@ -32,7 +32,7 @@ from augfl_jax.models.mlp import MLP
 from augfl_jax.models.norm import NORMS, MaskedBatchNorm, masked_moments
 from augfl_jax.models.resnet import (
     BasicBlock, ResNet, resnet8, resnet8x4, resnet20, resnet32, resnet32x4)
-from augfl_jax.types import Batch, Params, PRNGKey
+from augfl_jax.core.types import Batch, Params, PRNGKey
 
 __all__ = [
     "CNN", "MLP", "LogisticRegression", "ResNet", "BasicBlock", "AuthorsCNN",

@@ -33,7 +33,7 @@ import numpy as np
 
 from augfl_jax.models.conv import AUTO, Conv, check_conv_impl
 from augfl_jax.models.norm import zero_padding
-from augfl_jax.types import Params
+from augfl_jax.core.types import Params
 
 __all__ = ["AuthorsCNN", "authors_cifar_cnn", "authors_fmnist_cnn",
            "params_from_torch", "params_to_torch", "pool_ceil"]

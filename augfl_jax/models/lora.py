@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from augfl_jax.types import Params, PRNGKey
+from augfl_jax.core.types import Params, PRNGKey
 
 Adapters = dict[str, dict[str, jax.Array]]
 

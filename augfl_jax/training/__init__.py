@@ -16,7 +16,7 @@ calls; a Python user calls it the same way::
   wrap a loop over runs in one to see a signal that came in a run's last
   round) and their exceptions;
 * :mod:`.outputs`, :mod:`.checkpoints`, :mod:`.events`: the run's files;
-* :class:`Progress` (``augfl_jax.progress``): time per step and time left.
+* :class:`Progress` (``augfl_jax.core.progress``): time per step and time left.
 """
 
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
@@ -29,4 +29,4 @@ from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
 from augfl_jax.training.outputs import OutputDirError
 from augfl_jax.training.presets import resolve, validate
 from augfl_jax.training.safety import StopSignals
-from augfl_jax.progress import Progress
+from augfl_jax.core.progress import Progress

@@ -5,7 +5,7 @@ algorithm's server and stacked client state, the regulariser's state, PRNG
 keys) and ``meta`` (JSON: the round, the configuration, the metrics records,
 the training losses not yet reported, the seconds spent, the digest of the
 data, a CRC-32 of every array of ``state`` and one of ``meta`` itself,
-:func:`augfl_jax.checkpoint.seal`). orbax writes each step to a temporary
+:func:`augfl_jax.storage.checkpoint.seal`). orbax writes each step to a temporary
 directory and renames it into place, saves in the background (the arrays
 are copied to the host before :meth:`RunCheckpoints.save` returns) and
 keeps the newest ``keep`` steps. :meth:`RunCheckpoints.restore` checks the
@@ -29,8 +29,8 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from augfl_jax.checkpoint import (check_checksums, check_seal, checksums,
-                                  restore_target, seal)
+from augfl_jax.storage.checkpoint import (check_checksums, check_seal,
+                                          checksums, restore_target, seal)
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
 

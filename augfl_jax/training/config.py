@@ -5,7 +5,8 @@ almost every run sets (``algorithm``, ``dataset``, ``rounds``, ...); the rest
 sits in sections: ``data``, ``pm`` (the pretrained model), ``crd`` (AugFL's
 R_h, :class:`augfl_jax.transfer.CRDConfig`), ``eval`` (fast adaptation of
 held-out clients) and one section per algorithm, which IS that algorithm's
-own config class (``augfl``: :class:`augfl_jax.augfl.AugFLConfig`, ``fedavg``:
+own config class (``augfl``:
+:class:`augfl_jax.algorithms.augfl.round.AugFLConfig`, ``fedavg``:
 ``FedAvgConfig``, ...), so a method's hyper-parameters never leak into
 another's and a renamed field breaks loudly. ``kt_only`` reads ``augfl``,
 ``per_fedbc`` reads ``fedbc`` and ``fedlp`` reads ``fedavg``.
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from augfl_jax import augfl
-from augfl_jax.algorithms import (fedavg, fedbc, fedcp, fedit, fedoa, fedpcl,
-                                  fedproto, per_fedavg)
-from augfl_jax.fields import field
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import fedavg, fedit, fedproto, per_fedavg
+from augfl_jax.algorithms.fedbc import round as fedbc
+from augfl_jax.algorithms.fedcp import round as fedcp
+from augfl_jax.algorithms.fedoa import round as fedoa
+from augfl_jax.algorithms.fedpcl import round as fedpcl
+from augfl_jax.core.fields import field
 from augfl_jax.transfer import crd
 
 AUTO = "auto"  # strategy, conv_impl: the backend's measured choice

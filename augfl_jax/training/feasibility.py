@@ -21,7 +21,8 @@ import os
 
 import jax
 
-from augfl_jax import data, fields, models
+from augfl_jax import data, models
+from augfl_jax.core import fields
 from augfl_jax.training.config import RunConfig
 
 INT_RANGE = (-2 ** 31, 2 ** 31 - 1)

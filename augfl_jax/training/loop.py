@@ -32,8 +32,10 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from augfl_jax import checkpoint, data, pretrain
-from augfl_jax.progress import counted
+from augfl_jax.storage import checkpoint
+from augfl_jax import data
+from augfl_jax.pm import pretrain
+from augfl_jax.core.progress import counted
 from augfl_jax.training import presets, rounds, wiring
 from augfl_jax.training import resume as resuming
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints

@@ -26,7 +26,7 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterator
 
-from augfl_jax import locks
+from augfl_jax.storage import locks
 
 __all__ = ["OWN_FILES", "OutputDir", "OutputDirError", "write_json_atomic"]
 

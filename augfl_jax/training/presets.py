@@ -20,8 +20,10 @@ from typing import Any
 
 import jax
 
-from augfl_jax import algorithms, clients, data, models, pm
-from augfl_jax import fields
+from augfl_jax import algorithms, data, models
+from augfl_jax.core import client_axis as clients
+from augfl_jax.pm import store as pm
+from augfl_jax.core import fields
 from augfl_jax.training import feasibility
 from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
                                        unused_sections)

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from augfl_jax import data, fields
+from augfl_jax import data
+from augfl_jax.core import fields
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import (RESUMABLE_FIELDS, RESUME_CHANGES,
                                        RunConfig, unused_sections)

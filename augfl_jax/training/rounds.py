@@ -15,8 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from augfl_jax import evaluation, fields, intervals
-from augfl_jax.progress import Progress, counted
+from augfl_jax.core import evaluation, fields, intervals
+from augfl_jax.core.progress import Progress, counted
 from augfl_jax.training import presets
 from augfl_jax.training import resume as resuming
 from augfl_jax.training.config import fields_to_lower

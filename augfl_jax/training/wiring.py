@@ -22,7 +22,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import algorithms, clients, data, models, pm, pretrain, transfer
+from augfl_jax import algorithms, data, models, transfer
+from augfl_jax.core import client_axis as clients
+from augfl_jax.pm import store as pm, pretrain
 from augfl_jax.training import presets
 from augfl_jax.training.config import RunConfig, algorithm_config
 

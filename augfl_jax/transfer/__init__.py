@@ -25,7 +25,7 @@ from augfl_jax.transfer.crd import (
     CRDConfig, CRDState, StudentApply, TeacherApply, make_crd_regularizer)
 from augfl_jax.transfer.nce import crd_loss
 from augfl_jax.transfer.l2 import l2_grad, l2_value, make_l2_regularizer
-from augfl_jax.types import Batch, Params, PRNGKey
+from augfl_jax.core.types import Batch, Params, PRNGKey
 
 __all__ = [
     "REGULARIZERS", "make_regularizer", "CRDConfig", "CRDState",

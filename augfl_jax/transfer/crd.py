@@ -54,7 +54,7 @@ from augfl_jax.transfer.server_data import (all_outputs, crop_flip,
                                             hoist_constants,
                                             minibatch_positions,
                                             server_arrays)
-from augfl_jax.types import Batch, Params, PRNGKey
+from augfl_jax.core.types import Batch, Params, PRNGKey
 
 
 # student_apply(params, x [B, ...], mask [B]) -> (features [B, d_s], logits)

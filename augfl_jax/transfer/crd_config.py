@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from augfl_jax.fields import field
+from augfl_jax.core.fields import field
 from augfl_jax.transfer.server_data import AUGMENTATIONS
 
 LOOPS = ("scan", "python")

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.types import Params, PRNGKey
+from augfl_jax.core.types import Params, PRNGKey
 
 
 def l2_value(theta: Params, theta_p: Params) -> jax.Array:

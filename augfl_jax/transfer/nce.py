@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from augfl_jax.models import masked_mean
-from augfl_jax.types import Params, PRNGKey
+from augfl_jax.core.types import Params, PRNGKey
 
 EPS = 1e-7  # crd/criterion.py
 HIGHEST = jax.lax.Precision.HIGHEST  # logits are divided by tau = 0.07

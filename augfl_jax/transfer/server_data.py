@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax.types import Batch, PRNGKey
+from augfl_jax.core.types import Batch, PRNGKey
 
 AUGMENTATIONS = ("none", "crop_flip")
 CROP_PADDING = 4  # the reference's RandomCrop(size, padding=4)

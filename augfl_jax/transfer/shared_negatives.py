@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from augfl_jax.models import masked_mean
 from augfl_jax.transfer.nce import EPS, HIGHEST, ClassTable
-from augfl_jax.types import PRNGKey
+from augfl_jax.core.types import PRNGKey
 
 
 def sample_shared(key: PRNGKey, num_negatives: int, n: int) -> jax.Array:

@@ -47,7 +47,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from augfl_jax.clients import (
+from augfl_jax.core.client_axis import (
     ClientStrategy, as_strategy, client_mesh, client_sharding)
 
 

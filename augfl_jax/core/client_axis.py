@@ -38,7 +38,7 @@ Several processes (hosts): the same program runs unchanged. Call
 on TPU pods and SLURM they are detected) in every process before any other
 JAX call; ``jax.devices()`` then lists the devices of all processes, so the
 default ``"sharded"`` mesh spans them. Every process runs the same Python
-program, on global arrays: ``augfl_jax.distributed`` places a round's inputs
+program, on global arrays: ``augfl_jax.core.distributed`` places a round's inputs
 (per-client leaves split on the client axis, shared ones replicated).
 """
 

@@ -21,11 +21,11 @@ import flax.linen as nn
 import flax.struct
 import jax
 
-from augfl_jax import augfl
-from augfl_jax import clients as clients_lib
+from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
 from augfl_jax.algorithms import base
-from augfl_jax.types import ClientData
+from augfl_jax.core.types import ClientData
 
 PM_ROLE = "regularizer"
 

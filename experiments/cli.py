@@ -23,7 +23,8 @@ from absl import flags
 from absl import logging
 import jax
 
-from augfl_jax import data, fields, training
+from augfl_jax import data, training
+from augfl_jax.core import fields
 from augfl_jax.training import presets
 from experiments import flag_help
 

@@ -12,12 +12,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import local, models
+from augfl_jax.core import local
+from augfl_jax import models
 from augfl_jax.models import lora
-from augfl_jax.types import Batch, Params, PRNGKey
+from augfl_jax.core.types import Batch, Params, PRNGKey
 
 if TYPE_CHECKING:
-  from augfl_jax.algorithms.fedoa import FedOAConfig
+  from augfl_jax.algorithms.fedoa.round import FedOAConfig
 
 
 def feature_distance(h_personal: jax.Array, h_global: jax.Array,

@@ -54,11 +54,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local, models, tree
-from augfl_jax.algorithms import averaging, base, fedcp_model, prototypes
-from augfl_jax.fields import field
-from augfl_jax.types import Batch, ClientData, Params, PRNGKey
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import evaluation, local, tree
+from augfl_jax import models
+from augfl_jax.algorithms import averaging, base, prototypes
+from augfl_jax.algorithms.fedcp import model as fedcp_model
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "none"
 EVAL_SALT = 0x7FFFFFF2

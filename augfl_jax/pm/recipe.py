@@ -1,5 +1,5 @@
 """The reference recipe for pretraining the PM: :class:`PretrainConfig`,
-the decay epochs and the optimizer (:mod:`augfl_jax.pretrain` trains with
+the decay epochs and the optimizer (:mod:`augfl_jax.pm.pretrain` trains with
 them and re-exports these names).
 
 The PM is trained on the server split only (never on client data) with the
@@ -110,6 +110,6 @@ def make_optimizer(config: PretrainConfig,
 
 def recipe(config: PretrainConfig) -> dict[str, Any]:
   """The fields of ``config`` that shape the weights (what a PM checkpoint
-  records and is matched on, :mod:`augfl_jax.pm`)."""
+  records and is matched on, :mod:`augfl_jax.pm.store`)."""
   return {k: v for k, v in dataclasses.asdict(config).items()
           if k not in _NOT_RECIPE}

@@ -61,12 +61,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, local
-from augfl_jax.algorithms import (averaging, base, fedpcl_contrastive,
-                                  prototypes)
-from augfl_jax.fields import field
-from augfl_jax.types import Batch, ClientData, Params, PRNGKey
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import evaluation, local
+from augfl_jax.algorithms import averaging, base, prototypes
+from augfl_jax.algorithms.fedpcl import contrastive as fedpcl_contrastive
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "encoder"
 PREDICTIONS = ("global", "local")

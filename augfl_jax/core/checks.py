@@ -12,7 +12,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from augfl_jax.types import Params
+from augfl_jax.core.types import Params
 
 __all__ = ["check_client_args", "check_loss_runs", "check_server_args",
            "concrete"]
@@ -29,7 +29,8 @@ def concrete(value) -> float | None:
 
 
 def check_client_args(theta: Params, dual: Params, *, alpha, rho) -> None:
-  """The checks of :func:`augfl_jax.augfl.client_update` (its docstring):
+  """The checks of :func:`augfl_jax.algorithms.augfl.round.client_update`
+  (its docstring):
   ``rho > 0`` and a finite ``alpha`` where they are concrete, 32-bit float
   parameters and duals of ``theta``'s tree and dtypes always."""
   rho_, alpha_ = concrete(rho), concrete(alpha)
@@ -70,7 +71,8 @@ def _first_leaves(tree: Params) -> str:
 
 def check_server_args(client_params: Params, duals: Params,
                       rhos) -> None:
-  """The checks of :func:`augfl_jax.augfl.server_update`: ``duals`` of
+  """The checks of :func:`augfl_jax.algorithms.augfl.round.server_update`:
+  ``duals`` of
   ``client_params``' tree and shapes, and one rho per client (``[C]``)."""
   shapes = lambda tree: jax.tree.leaves(jax.tree.map(jnp.shape, tree))
   if (jax.tree.structure(client_params) != jax.tree.structure(duals) or

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import models
-from augfl_jax.types import Params
+from augfl_jax.core.types import Params
 
 _EXCLUDED = -1e30  # logit of a class left out of a softmax
 

@@ -1,7 +1,7 @@
 """Pretraining the server's private model (the PM) on the server split.
 
 The PM is trained on the server split only (never on client data) with the
-reference recipe (:mod:`augfl_jax.pretrain_recipe`: SGD with momentum and
+reference recipe (:mod:`augfl_jax.pm.recipe`: SGD with momentum and
 coupled weight decay, lr decayed x0.1 at 5/8, 3/4 and 7/8 of the epochs;
 re-exported here). The last ``holdout_fraction`` of the server split is
 held out to report an accuracy and is not trained on.
@@ -12,7 +12,7 @@ mode as the reference's teacher does (``norm="running"``). Its held-out
 accuracy is reported both ways: with those running statistics and with the
 statistics of each held-out chunk.
 
-No file I/O here (the checkpoint is :mod:`augfl_jax.pm`); progress goes to
+No file I/O here (the checkpoint is :mod:`augfl_jax.pm.store`); progress goes to
 the optional ``log(str)`` callback.
 """
 
@@ -30,11 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from augfl_jax import local, models
-from augfl_jax.progress import Progress
-from augfl_jax.pretrain_recipe import (DECAY_FRACTIONS, PretrainConfig,
+from augfl_jax.core import local
+from augfl_jax import models
+from augfl_jax.core.progress import Progress
+from augfl_jax.pm.recipe import (DECAY_FRACTIONS, PretrainConfig,
                                        decay_epochs, make_optimizer)
-from augfl_jax.types import Batch, Params
+from augfl_jax.core.types import Batch, Params
 
 __all__ = ["DECAY_FRACTIONS", "PretrainConfig", "Stopped", "decay_epochs",
            "make_optimizer", "pretrain"]

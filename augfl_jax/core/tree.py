@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax.types import Params
+from augfl_jax.core.types import Params
 
 
 def broadcast_to_clients(tree: Params, num_clients: int) -> Params:
@@ -93,7 +93,7 @@ def check_participants(participants: Any, num_clients: int) -> None:
   (its update is lost); a repeated id trains that client twice and counts
   it twice in the round's loss; an empty array makes the loss 0/0 = NaN.
   Call this where the ids are known (the rounds of
-  :func:`augfl_jax.augfl.make_round` do, before entering jit).
+  :func:`augfl_jax.algorithms.augfl.round.make_round` do, before entering jit).
   """
   if participants is None or isinstance(participants, jax.core.Tracer):
     return

@@ -4,7 +4,8 @@ Objective (2)-(3): ``min_theta sum_i w_i L_i(phi_i(theta), D_i^q) + lam R_h(thet
 with ``phi_i(theta) = theta - alpha grad L_i(theta, D_i^s)``.
 
 One round (``make_round``) runs ``client_update`` for every participating client
-(lifted over the client axis by ``augfl_jax.clients``), then ``server_update``.
+(lifted over the client axis by ``augfl_jax.core.client_axis``), then
+``server_update``.
 The pretrained model only enters through ``reg_grad = grad R_h(theta^t)``, which
 the server computes itself (``augfl_jax.transfer``): no client function takes
 the pretrained model or the server data as an argument.
@@ -26,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import checks
-from augfl_jax import clients as clients_lib
-from augfl_jax import hvp as hvp_lib
-from augfl_jax import tree
-from augfl_jax.fields import field
-from augfl_jax.types import Batch, ClientData, LossFn, Params
+from augfl_jax.core import checks
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import hvp as hvp_lib
+from augfl_jax.core import tree
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,8 @@ def client_update(loss_fn: LossFn, theta: Params, dual: Params, support: Batch,
                  ) -> tuple[Params, Params, dict[str, jax.Array]]:
   """One client's step of Algorithm 1 (Eqs. (7), (10), (11), (12)).
 
-  Handles exactly one client; ``augfl_jax.clients`` lifts it over clients.
+  Handles exactly one client; ``augfl_jax.core.client_axis`` lifts it over
+  clients.
 
   1. ``g_s = grad L(theta, D^s)``, ``phi = theta - alpha g_s``        (7)
   2. ``r = grad L(phi, D^q)``
@@ -221,11 +223,12 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
   (default: all): distinct ids in ``[0, C)``, else ``ValueError`` before the
   round runs; when ``round_fn`` is itself traced (called inside another
   jit), the ids cannot be checked and bad ones give a wrong round without a
-  word (``augfl_jax.tree.check_participants`` says how). Metrics: ``loss``
+  word (``augfl_jax.core.tree.check_participants`` says how). Metrics: ``loss``
   (the meta-objective's data term, ``sum_i w_i L(phi_i, D_i^q) / sum_i
   w_i`` over participants),
   ``support_loss`` (likewise at theta^t) and ``client_loss`` (``[K]``).
-  ``strategy`` says how the client axis runs (``augfl_jax.clients``); None
+  ``strategy`` says how the client axis runs
+  (``augfl_jax.core.client_axis``); None
   is the backend's ``clients.default_strategy()`` (``"map"`` on CPU,
   ``"vmap"`` elsewhere), resolved here.
   """

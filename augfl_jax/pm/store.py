@@ -1,11 +1,11 @@
 """The PM's checkpoint: what it was trained for, reused only when it matches.
 
-A PM checkpoint (``augfl_jax.checkpoint``, atomic) holds the variables of
-:func:`augfl_jax.pretrain.pretrain` (``{"params", "batch_stats"}``) and
-records what shaped them (:mod:`augfl_jax.pm_metadata`: the dataset, the
+A PM checkpoint (``augfl_jax.storage.checkpoint``, atomic) holds the variables of
+:func:`augfl_jax.pm.pretrain.pretrain` (``{"params", "batch_stats"}``) and
+records what shaped them (:mod:`augfl_jax.pm.metadata`: the dataset, the
 architecture, the server split, the recipe, the format); :func:`load_pm`
 refuses one that differs in any of these, naming the fields. Its arrays and
-metadata are verified when it is loaded (``augfl_jax.checkpoint``'s
+metadata are verified when it is loaded (``augfl_jax.storage.checkpoint``'s
 checksums), and one process at a time pretrains a missing PM (a lock beside
 the directory): another waits, then reuses it.
 """
@@ -21,14 +21,15 @@ from typing import Any, Callable, Mapping
 import flax.linen as nn
 import jax
 
-from augfl_jax import checkpoint, locks, models
-from augfl_jax.pm_metadata import (FORMAT, IMPLEMENTATION_FIELDS,
+from augfl_jax.storage import checkpoint, locks
+from augfl_jax import models
+from augfl_jax.pm.metadata import (FORMAT, IMPLEMENTATION_FIELDS,
                                    MATCH_FIELDS, PMCheckpointMismatch,
                                    check_match, model_kwargs, pm_metadata)
-from augfl_jax.pretrain import PretrainConfig, Stopped, pretrain
-from augfl_jax.progress import counted
-from augfl_jax.pretrain_recipe import recipe
-from augfl_jax.types import Batch, Params
+from augfl_jax.pm.pretrain import PretrainConfig, Stopped, pretrain
+from augfl_jax.core.progress import counted
+from augfl_jax.pm.recipe import recipe
+from augfl_jax.core.types import Batch, Params
 
 __all__ = [
     "FORMAT", "IMPLEMENTATION_FIELDS", "MATCH_FIELDS", "PMCheckpointMismatch",
@@ -114,14 +115,14 @@ def pretrain_and_save(
     config: PretrainConfig, log: Log | None = None, overwrite: bool = False,
     should_stop: Callable[[], bool] | None = None
 ) -> tuple[Params, dict[str, Any]]:
-  """:func:`~augfl_jax.pretrain.pretrain`, then :func:`save_pm` with the full
+  """:func:`~augfl_jax.pm.pretrain.pretrain`, then :func:`save_pm` with the full
   metadata.
 
   The metadata is :func:`pm_metadata` plus the metrics of :func:`pretrain`
   (``nan`` stored as ``null``), ``input_shape`` and ``pretrain_config``.
   Arguments as :func:`get_or_pretrain_pm`; ``overwrite`` replaces an
   existing checkpoint (atomically); ``should_stop`` as ``pretrain``'s
-  (:class:`~augfl_jax.pretrain.Stopped`: nothing saved).
+  (:class:`~augfl_jax.pm.pretrain.Stopped`: nothing saved).
 
   Returns:
     ``(variables, metadata)`` as :func:`load_pm` would return them.
@@ -169,7 +170,7 @@ def get_or_pretrain_pm(
     input_shape: shape of one example; must match ``server["x"]``.
     log: optional progress callback.
     should_stop: asked at every pretraining step and while waiting; True
-      stops (:class:`~augfl_jax.pretrain.Stopped`, nothing saved).
+      stops (:class:`~augfl_jax.pm.pretrain.Stopped`, nothing saved).
 
   Returns:
     ``(variables, metadata)``: ``{"params", "batch_stats"}``.

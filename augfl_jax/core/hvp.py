@@ -17,7 +17,7 @@ from typing import Callable
 import jax
 import optax
 
-from augfl_jax.types import Params
+from augfl_jax.core.types import Params
 
 GradFn = Callable[[Params], Params]
 HVP_METHODS = ("finite_difference", "exact")

@@ -52,11 +52,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import clients as clients_lib
-from augfl_jax import evaluation, models, tree
-from augfl_jax.algorithms import averaging, base, fedbc_local
-from augfl_jax.fields import field
-from augfl_jax.types import ClientData, LossFn, Params, PRNGKey
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import evaluation, tree
+from augfl_jax import models
+from augfl_jax.algorithms import averaging, base
+from augfl_jax.algorithms.fedbc import local as fedbc_local
+from augfl_jax.core.fields import field
+from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
 # One client's update (local training, then the dual step): fedbc_local.
 client_update = fedbc_local.client_update

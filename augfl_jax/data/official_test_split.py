@@ -44,7 +44,7 @@ from augfl_jax.data import catalog, sources
 from augfl_jax.data.dataset import Dataset
 from augfl_jax.data.federated import pad_stack
 from augfl_jax.data.splits import Partition
-from augfl_jax.types import ClientData
+from augfl_jax.core.types import ClientData
 
 __all__ = ["TestSplitClients", "TestSplitUnavailable", "draw_clients",
            "load_test_split_clients", "locate_test_split",

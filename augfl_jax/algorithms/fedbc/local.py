@@ -7,7 +7,7 @@ Local training (public code ``LocalUpdate.train``): ``local_epochs`` epochs of
 minibatch SGD (``batch_size``, optional heavy-ball ``momentum`` as
 ``torch.optim.SGD``, 0.5 in the public code, 0 by default here so FedBC with
 constant lambda is exactly FedProx) on D_i = D_i^s ∪ D_i^q, by
-``augfl_jax.local.train``.
+``augfl_jax.core.local.train``.
 
 Per-FedBC (``personalized=True``, Algorithm 3, App. D.4, public code
 ``train_MAML``): first-order MAML on the Lagrangian. Each outer step draws
@@ -17,7 +17,8 @@ Per-FedBC (``personalized=True``, Algorithm 3, App. D.4, public code
 second-order term). A client makes ``local_epochs * ceil(|D_i| / batch_size)``
 outer steps, as the public code does (static shapes: the padded maximum, the
 surplus steps are no-ops). Dual update and aggregation are FedBC's. Minibatches
-are drawn independently per step (``augfl_jax.local.sample_batch``) instead of
+are drawn independently per step (``augfl_jax.core.local.sample_batch``)
+instead of
 from a cycling DataLoader.
 """
 
@@ -29,11 +30,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax import local
-from augfl_jax.types import Batch, ClientData, LossFn, Params, PRNGKey
+from augfl_jax.core import local
+from augfl_jax.core.types import Batch, ClientData, LossFn, Params, PRNGKey
 
 if TYPE_CHECKING:
-  from augfl_jax.algorithms.fedbc import FedBCConfig
+  from augfl_jax.algorithms.fedbc.round import FedBCConfig
 
 
 def squared_distance(a: Params, b: Params) -> jax.Array:

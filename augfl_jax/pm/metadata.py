@@ -1,9 +1,9 @@
 """What a PM checkpoint records, and whether it fits a run.
 
-A PM checkpoint (:mod:`augfl_jax.pm`) records what shaped its weights: the
+A PM checkpoint (:mod:`augfl_jax.pm.store`) records what shaped its weights: the
 dataset, the architecture (model name and module fields), the server split
 (size and seed), the training recipe (every field of
-:class:`~augfl_jax.pretrain.PretrainConfig` that changes the weights) and
+:class:`~augfl_jax.pm.pretrain.PretrainConfig` that changes the weights) and
 the checkpoint format (:func:`pm_metadata`). :func:`check_match` refuses
 one that differs in any of :data:`MATCH_FIELDS`, naming the fields and how
 to retrain, so a PM from a short test is never reused by a longer
@@ -22,8 +22,8 @@ from typing import Any, Mapping
 
 import flax.linen as nn
 
-from augfl_jax.pretrain import PretrainConfig
-from augfl_jax.pretrain_recipe import recipe
+from augfl_jax.pm.pretrain import PretrainConfig
+from augfl_jax.pm.recipe import recipe
 
 __all__ = ["FORMAT", "IMPLEMENTATION_FIELDS", "MATCH_FIELDS",
            "PMCheckpointMismatch", "check_match", "model_kwargs",

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax.algorithms import prototypes
-from augfl_jax.types import Params, PRNGKey
+from augfl_jax.core.types import Params, PRNGKey
 
 MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.types import Batch, Params, PRNGKey
+from augfl_jax.core.types import Batch, Params, PRNGKey
 
 
 def concat_batches(a: Batch, b: Batch) -> Batch:

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from augfl_jax import checks
-from augfl_jax import clients as clients_lib
-from augfl_jax import intervals
-from augfl_jax.types import Batch, ClientData, LossFn, Params
+from augfl_jax.core import checks
+from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import intervals
+from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
 # eval_fn(params, batch) -> (masked mean loss, number of correct real examples)
 EvalFn = Callable[[Params, Batch], tuple[jax.Array, jax.Array]]

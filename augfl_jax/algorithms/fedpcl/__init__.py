@@ -1,0 +1,13 @@
+"""FedPCL: the round (:mod:`.round`) and its prototype-contrastive loss
+(:mod:`.contrastive`)."""
+
+from augfl_jax.algorithms.fedpcl import contrastive, round  # pylint: disable=redefined-builtin
+from augfl_jax.algorithms.fedpcl.round import (
+    EVAL_SALT, PREDICTIONS, SPECS, EncoderApply, FedPCLConfig, FedPCLState,
+    encode, fedpcl, init_state, local_update, make_evaluate, make_round)
+
+__all__ = [
+    "EVAL_SALT", "EncoderApply", "FedPCLConfig", "FedPCLState",
+    "PREDICTIONS", "SPECS", "contrastive", "encode", "fedpcl", "init_state",
+    "local_update", "make_evaluate", "make_round", "round",
+]

@@ -1,0 +1,2 @@
+"""Files that outlive a process: verified atomic checkpoints of one pytree
+(:mod:`.checkpoint`) and exclusive file locks (:mod:`.locks`)."""
