@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from augfl_jax.algorithms.augfl import checks as augfl_checks
 from augfl_jax.core import checks
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import hvp as hvp_lib
@@ -153,7 +154,7 @@ def client_update(loss_fn: LossFn, theta: Params, dual: Params, support: Batch,
       ``support`` set the loss cannot run on with ``theta`` (these are
       checked always, under jit too).
   """
-  checks.check_client_args(theta, dual, alpha=alpha, rho=rho)
+  augfl_checks.check_client_args(theta, dual, alpha=alpha, rho=rho)
   checks.check_loss_runs(loss_fn, theta, support, "the client's support set")
   support_grad_fn = lambda p: jax.grad(loss_fn)(p, support)
   support_loss, g_s = jax.value_and_grad(loss_fn)(theta, support)
@@ -189,7 +190,7 @@ def server_update(client_params: Params, duals: Params, rhos: jax.Array, *,
     ValueError: ``duals`` not of ``client_params``' tree and shapes, or
       ``rhos`` not ``[C]`` (checked always, under jit too).
   """
-  checks.check_server_args(client_params, duals, rhos)
+  augfl_checks.check_server_args(client_params, duals, rhos)
   # Both sums over clients are tensordots: XLA:CPU runs a reduce over the
   # leading axis of [C, ...] (jnp.sum(axis=0)) about 8x slower than the
   # equivalent dot (benchmarks/RESULTS.md).

@@ -1,16 +1,17 @@
 """FedBC and Per-FedBC: the round and the server (:mod:`.round`), one
 client's local training on the Lagrangian and its dual step
-(:mod:`.local`)."""
+(:mod:`.local`), and their hyper-parameters (:mod:`.config`)."""
 
-from augfl_jax.algorithms.fedbc import local, round  # pylint: disable=redefined-builtin
+from augfl_jax.algorithms.fedbc import config, local, round  # pylint: disable=redefined-builtin
+from augfl_jax.algorithms.fedbc.config import START_FROM, FedBCConfig
 from augfl_jax.algorithms.fedbc.round import (
-    SPECS, START_FROM, FedBCConfig, FedBCState, client_update, dual_update,
+    SPECS, FedBCState, client_update, dual_update,
     fedbc, init_state, make_evaluate, make_evaluate_local, make_round,
     per_fedbc, server_update)
 
 __all__ = [
     "FedBCConfig", "FedBCState", "SPECS", "START_FROM", "client_update",
-    "dual_update", "fedbc", "init_state", "local", "make_evaluate",
+    "config", "dual_update", "fedbc", "init_state", "local", "make_evaluate",
     "make_evaluate_local", "make_round", "per_fedbc", "round",
     "server_update",
 ]

@@ -24,17 +24,13 @@ from a cycling DataLoader.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import optax
 
+from augfl_jax.algorithms.fedbc.config import FedBCConfig
 from augfl_jax.core import local
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params, PRNGKey
-
-if TYPE_CHECKING:
-  from augfl_jax.algorithms.fedbc.round import FedBCConfig
 
 
 def squared_distance(a: Params, b: Params) -> jax.Array:

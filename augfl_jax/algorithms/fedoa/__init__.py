@@ -1,15 +1,17 @@
-"""FedOA: the round (:mod:`.round`) and the personal adapters' training
-(:mod:`.personal`)."""
+"""FedOA: the round (:mod:`.round`), the personal adapters' training
+(:mod:`.personal`) and their hyper-parameters (:mod:`.config`)."""
 
-from augfl_jax.algorithms.fedoa import personal, round  # pylint: disable=redefined-builtin
+from augfl_jax.algorithms.fedoa import config, personal, round  # pylint: disable=redefined-builtin
+from augfl_jax.algorithms.fedoa.config import (
+    ANCHORS, DISTANCES, REDUCTIONS, FedOAConfig)
 from augfl_jax.algorithms.fedoa.round import (
-    ANCHORS, DISTANCES, REDUCTIONS, SPECS, FedOAConfig, FedOAState,
+    SPECS, FedOAState,
     client_update, fedoa, global_params, init_state, make_evaluate,
     make_evaluate_personal, make_round)
 
 __all__ = [
     "ANCHORS", "DISTANCES", "FedOAConfig", "FedOAState", "REDUCTIONS",
-    "SPECS", "client_update", "fedoa", "global_params", "init_state",
+    "SPECS", "client_update", "config", "fedoa", "global_params", "init_state",
     "make_evaluate", "make_evaluate_personal", "make_round", "personal",
     "round",
 ]

@@ -5,20 +5,16 @@ D(h(phi_e; xi), stop_grad(h(phi_g; xi)))`` and its local training
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from augfl_jax.algorithms.fedoa.config import FedOAConfig
 from augfl_jax.core import local
 from augfl_jax import models
 from augfl_jax.models import lora
 from augfl_jax.core.types import Batch, Params, PRNGKey
-
-if TYPE_CHECKING:
-  from augfl_jax.algorithms.fedoa.round import FedOAConfig
 
 
 def feature_distance(h_personal: jax.Array, h_global: jax.Array,

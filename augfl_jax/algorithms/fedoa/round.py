@@ -49,7 +49,6 @@ is scored as it is on given data, e.g. a held-out domain
 
 from __future__ import annotations
 
-import dataclasses
 
 import flax.linen as nn
 import flax.struct
@@ -61,53 +60,14 @@ from augfl_jax.core import evaluation, local, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base, fedit
 from augfl_jax.algorithms.fedoa import personal as fedoa_personal
+from augfl_jax.algorithms.fedoa.config import FedOAConfig
 from augfl_jax.models import lora
-from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
 PM_ROLE = "backbone"
 
-DISTANCES = ("l2", "squared_l2")
-REDUCTIONS = ("mean", "sum")
-ANCHORS = ("received", "updated")
 # Folded into the root key for the held-out clients' personal training.
 _EVAL_TAG = 0x7EA1
-
-
-@dataclasses.dataclass(frozen=True)
-class FedOAConfig(fedit.FedITConfig):
-  """FedIT's hyper-parameters (the global adapter) plus the personal
-  adapter's."""
-
-  lam: float = field(0.5, "weight lambda of the feature-distance regulariser "
-      "(the paper's 0.5)")
-  distance: str = field("l2", "D of the personal objective: l2 (the "
-      "paper's L2-distance) or squared_l2 (||h_p - h_g||^2 per example: the "
-      "gradient in its appendix; diverges at lam 0.5, lr 0.05 on digits)",
-      choices=DISTANCES)
-  reduction: str = field("mean", "mean or sum of the per-example distances "
-      "over a minibatch's real examples", choices=REDUCTIONS)
-  anchor: str = field("received", "the global features the personal adapter "
-      "is pulled to: received (phi_g^{t-1}, Algorithm 1) or updated (this "
-      "round's global copy)", choices=ANCHORS)
-  personal_lr: float | None = field(None, "step size of the personal "
-      "adapter's SGD (default: lr)")
-
-  def __post_init__(self):
-    super().__post_init__()
-    if not self.lam >= 0:
-      raise ValueError(f"lam must be >= 0, got {self.lam}")
-    for name, value, allowed in (("distance", self.distance, DISTANCES),
-                                 ("reduction", self.reduction, REDUCTIONS),
-                                 ("anchor", self.anchor, ANCHORS)):
-      if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if self.personal_lr is not None and not self.personal_lr > 0:
-      raise ValueError(f"personal_lr must be > 0, got {self.personal_lr}")
-
-  @property
-  def personal_step(self) -> float:
-    return self.lr if self.personal_lr is None else self.personal_lr
 
 
 @flax.struct.dataclass
