@@ -79,7 +79,7 @@ def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
                     "change from the checkpoint's, after a non-finite "
                     "round; each change is logged and recorded in "
                     "changes.jsonl (any of: "
-                    + ", ".join(training.RESUME_CHANGES) + "; augfl.lam "
+                    + ", ".join(training.resume_changes(training.RunConfig())) + "; augfl.lam "
                     "not to or from 0)")
   flags.DEFINE_bool("compilation_cache", True, "keep compiled programs in "
                     "JAX's persistent cache (--compilation_cache_dir) so "
@@ -110,6 +110,8 @@ def config_from_flags(flag_values: flags.FlagValues = FLAGS
   for head, section_changes in sections.items():
     try:
       config = fields.replace(config, **section_changes)
+    except fields.FieldError:
+      raise  # it names its field (run_command prints it as a flag)
     except (ValueError, TypeError) as e:
       names = ", ".join(f"--{n}" for n in section_changes)
       raise ValueError(f"{names}: {e}") from None
@@ -174,6 +176,10 @@ def run_command(body: Callable[[], Any]) -> Any:
   exit code 2 instead of a traceback."""
   try:
     return body()
+  except fields.FieldError as e:  # a field of the run's configuration
+    print(f"error: {fields.FieldError(f'--{e.name}', e.rule)}",
+          file=sys.stderr)
+    sys.exit(2)
   except USER_ERRORS as e:
     message = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
     print(f"error: {message}", file=sys.stderr)

@@ -29,11 +29,12 @@ from augfl_jax import training
 
 # Fields that may differ between repeats of one configuration (matched on a
 # key's last dotted part): the seed, and run control or implementation
-# choices that do not change the maths (the runner's RESUMABLE_FIELDS: how
+# choices that do not change the maths (``training.resumable_fields``: how
 # long, how often evaluated, where the data is, how clients are laid out on
 # the device); and every field of the sections in REPEAT_SECTIONS.
 REPEAT_FIELDS = tuple(sorted(
-    {name.split(".")[-1] for name in ("seed",) + training.RESUMABLE_FIELDS}
+    {name.split(".")[-1] for name in ("seed",) + training.resumable_fields(
+        training.RunConfig())}
     | {"kt_loop"}))  # kt_loop: runs written before crd.loop
 REPEAT_SECTIONS = ("output", "run")
 ALGORITHM, DATASET, SEED = "algorithm", "dataset", "seed"  # top-level keys

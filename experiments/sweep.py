@@ -111,7 +111,7 @@ def finished_run(run_dir: str, config: training.RunConfig
 
   Raises:
     ValueError: ``run_dir`` holds a run of another configuration (fields
-      outside ``RESUMABLE_FIELDS`` differ, or a ``config.json`` this
+      outside ``training.resumable_fields`` differ, or a ``config.json`` this
       version cannot read).
   """
   out = outputs.OutputDir(run_dir)
@@ -125,7 +125,7 @@ def finished_run(run_dir: str, config: training.RunConfig
                      f"read as a RunConfig ({e}); choose another "
                      "--output_dir or remove that run") from None
   config = training.validate(config)
-  diff = fields.diff(saved, config, training.RESUMABLE_FIELDS +
+  diff = fields.diff(saved, config, training.resumable_fields(config) +
                      training.config.unused_sections(config.algorithm))
   if diff:
     raise ValueError(f"{run_dir} holds a run of another configuration "

@@ -272,7 +272,8 @@ def _table_key(configs: dict[str, training.RunConfig], seeds: list[int]
   """What a table is of: each method's configuration (its own section and
   the shared fields; not the seed, not where the data are or how the
   rounds run) and the seeds."""
-  skip = {"seed"} | set(training.RESUMABLE_FIELDS) - {"rounds"}
+  skip = {"seed"} | set(training.resumable_fields(
+      next(iter(configs.values())))) - {"rounds"}
   cells = {}
   for method, config in configs.items():
     unused = training.config.unused_sections(config.algorithm)

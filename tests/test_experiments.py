@@ -92,7 +92,7 @@ def test_auto_strategy_and_conv_impl_resolve_to_the_backend_choice():
   assert (explicit.strategy, explicit.conv_impl) == ("vmap", "xla")
   assert training.validate(training.RunConfig(
       strategy="chunked", chunk_size=4)).strategy == "chunked"
-  with pytest.raises(ValueError, match="unknown --strategy 'pmap'"):
+  with pytest.raises(ValueError, match="unknown strategy 'pmap'"):
     training.validate(training.RunConfig(strategy="pmap"))
   # The client model and the PM get the run's conv_impl (conv models only).
   assert presets.model_kwargs("cnn", "batch", conv_impl="xla") == {
@@ -109,14 +109,15 @@ def _run_cli(*args):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--augfl.rho=0"], "--augfl.rho: rho must be > 0"),
-    (["--augfl.alpha=-1"], "--augfl.alpha: alpha must be > 0"),
+    (["--augfl.rho=0"], "--augfl.rho must be > 0, got 0.0"),
+    (["--augfl.alpha=-1"], "--augfl.alpha must be > 0, got -1.0"),
     (["--eval.alpha=-1"], "--eval.alpha must be > 0"),
     (["--data.M=0"], "--data.M must be >= 1"),
     (["--dataset=imagenet"], "unknown dataset 'imagenet'"),
     (["--algorithm=sgd"], "unknown algorithm 'sgd'"),
     (["--data.num_clients=500"], "num_clients"),
-    (["--conv_impl=fft"], "unknown --conv_impl 'fft'; choose auto or one of"),
+    (["--conv_impl=fft"], "unknown --conv_impl 'fft'; choose one of auto, "
+     "xla, patches"),
     (["--rounds=1.5"], "flag --rounds=1.5"),
     (["--augfl.rho=abc"], "flag --augfl.rho=abc"),
     (["--lam=0"], "unknown flag --lam; it is now --augfl.lam"),

@@ -572,9 +572,7 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_in_the_cli(
     (["--algorithm=fedavg", "--fedavg.lr=inf"],
      "--fedavg.lr must be a finite number, got inf"),
     (["--augfl.alpha=nan"], "alpha must be a finite number, got nan"),
-    (["--data.server_size=-5"],
-     "--data.server_size: server_size must be >= 0 (0: no server split), "
-     "got -5"),
+    (["--data.server_size=-5"], "--data.server_size must be >= 0, got -5"),
     (["--clients_per_round=33"], "--clients_per_round=33 is more than the "
      "32 training clients"),
     (["--rounds=1.5"], "flag --rounds=1.5"),
@@ -603,14 +601,16 @@ def test_clients_per_round_is_checked_before_the_data_are_loaded(
     training.run(_config(clients_per_round=41), str(tmp_path), log=QUIET)
 
 
-def test_every_step_size_field_is_listed():
-  names = {n for n, _, _, _ in fields.walk(training.RunConfig())}
-  assert set(training.STEP_SIZE_FIELDS) <= names
+def test_every_step_size_field_may_change_on_resume_when_named():
+  config = training.RunConfig()
+  names = {n for n, _, _, _ in fields.walk(config)}
   looks_like_one = {n for n in names
                     if re.fullmatch(r"(.*\.)?(lr|alpha|beta|\w+_lr|lr_\w+)",
                                     n) and not n.startswith("data.")}
-  # The PM's lr shapes the PM (its checkpoint's key), not the run's steps.
-  assert looks_like_one - {"pm.lr"} == set(training.STEP_SIZE_FIELDS)
+  # The PM's lr shapes the PM (its checkpoint's key), not the run's steps;
+  # AugFL's lambda, a weight, may change too.
+  assert (looks_like_one - {"pm.lr"}) | {"augfl.lam"} == set(
+      training.resume_changes(config))
 
 
 # ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import dataclasses
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import local
 from augfl_jax.algorithms import averaging, base
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
@@ -27,26 +28,16 @@ TRAIN_ON = ("all", "support")
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvgConfig:
+class FedAvgConfig(fields.Config):
   """Hyper-parameters of FedAvg (and FedLP)."""
 
-  lr: float = field(0.05, "client SGD step size")
-  local_epochs: int = field(1, "local epochs E per round")
+  lr: float = field(0.05, "client SGD step size", gt=0, resume="named")
+  local_epochs: int = field(1, "local epochs E per round", ge=1)
   batch_size: int = field(10, "local minibatch size B (at least a client's "
-      "size: full batch)")
+      "size: full batch)", ge=1)
   train_on: str = field("all", "a client's training data: all (support and "
       "query, FedAvg's) or support (the AugFL authors' code)",
       choices=TRAIN_ON)
-
-  def __post_init__(self):
-    if not self.lr > 0:
-      raise ValueError(f"lr must be > 0, got {self.lr}")
-    if self.train_on not in TRAIN_ON:
-      raise ValueError(f"train_on must be one of {TRAIN_ON}, got "
-                       f"{self.train_on!r}")
-    if self.local_epochs < 1 or self.batch_size < 1:
-      raise ValueError("local_epochs and batch_size must be >= 1, got "
-                       f"{self.local_epochs} and {self.batch_size}")
 
 
 def local_update(loss_fn: LossFn, config: FedAvgConfig, params: Params,

@@ -28,6 +28,7 @@ from augfl_jax.core import evaluation, local, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base
 from augfl_jax.models import lora
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
@@ -35,24 +36,20 @@ PM_ROLE = "backbone"
 
 
 @dataclasses.dataclass(frozen=True)
-class FedITConfig:
+class FedITConfig(fields.Config):
   """Hyper-parameters of FedIT (LoRA adapters of the frozen PM)."""
 
-  rank: int = field(8, "LoRA rank (the FedOA paper's 8)")
-  lora_alpha: float = field(16.0, "LoRA alpha (the FedOA paper's 16)")
+  rank: int = field(8, "LoRA rank (the FedOA paper's 8)", ge=1)
+  lora_alpha: float = field(16.0, "LoRA alpha (the FedOA paper's 16)", gt=0)
   targets: tuple[str, ...] = field(("*",), "the kernels that get adapters "
       "(fnmatch patterns of their paths; * is every Dense and Conv kernel)")
-  lr: float = field(0.05, "client SGD step size")
-  local_epochs: int = field(2, "local epochs E (the paper's 2)")
-  batch_size: int = field(32, "local minibatch size B (the paper's 32)")
+  lr: float = field(0.05, "client SGD step size", gt=0, resume="named")
+  local_epochs: int = field(2, "local epochs E (the paper's 2)", ge=1)
+  batch_size: int = field(32, "local minibatch size B (the paper's 32)", ge=1)
 
   def __post_init__(self):
+    super().__post_init__()
     object.__setattr__(self, "targets", self.lora.targets)  # validates LoRA
-    if not self.lr > 0:
-      raise ValueError(f"lr must be > 0, got {self.lr}")
-    if self.local_epochs < 1 or self.batch_size < 1:
-      raise ValueError("local_epochs and batch_size must be >= 1, got "
-                       f"{self.local_epochs} and {self.batch_size}")
 
   @property
   def lora(self) -> lora.LoRAConfig:

@@ -54,6 +54,7 @@ from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import evaluation, local
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base, prototypes
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
@@ -64,15 +65,15 @@ EVAL_SALT = 0x7FFFFFF0  # folded into the root key for held-out clients
 
 
 @dataclasses.dataclass(frozen=True)
-class FedProtoConfig:
+class FedProtoConfig(fields.Config):
   """Hyper-parameters of FedProto (defaults: its public code)."""
 
   lam: float = field(1.0, "weight of the prototype regulariser (the paper: 1 "
-      "for images)")
-  lr: float = field(0.01, "client SGD step size")
-  momentum: float = field(0.5, "client SGD momentum (0: plain SGD)")
-  local_epochs: int = field(1, "local epochs E")
-  batch_size: int = field(4, "local minibatch size B")
+      "for images)", ge=0)
+  lr: float = field(0.01, "client SGD step size", gt=0, resume="named")
+  momentum: float = field(0.5, "client SGD momentum (0: plain SGD)", ge=0, lt=1)
+  local_epochs: int = field(1, "local epochs E", ge=1)
+  batch_size: int = field(4, "local minibatch size B", ge=1)
   distance: str = field("mse", "the prototype distance: mse (mean over "
       "feature dimensions, the code) or squared_l2", choices=DISTANCES)
   proto_weighting: str = field("count", "count (per-class example counts) or "
@@ -82,24 +83,9 @@ class FedProtoConfig:
       "initial (theta^0) or mean (the mean of the clients' models)",
       choices=NEW_CLIENT_INITS)
   eval_epochs: int | None = field(None, "a held-out client's epochs on its "
-      "support set (default: local_epochs)")
+      "support set (default: local_epochs)", ge=0)
   restrict_to_local_classes: bool = field(False, "predict the nearest "
       "prototype among the classes of the client's own support set only")
-
-  def __post_init__(self):
-    if self.lam < 0 or not self.lr > 0 or not 0 <= self.momentum < 1:
-      raise ValueError("need lam >= 0, lr > 0, 0 <= momentum < 1; got "
-                       f"{self.lam}, {self.lr}, {self.momentum}")
-    if self.local_epochs < 1 or self.batch_size < 1:
-      raise ValueError("local_epochs and batch_size must be >= 1")
-    if self.eval_epochs is not None and self.eval_epochs < 0:
-      raise ValueError(f"eval_epochs must be >= 0, got {self.eval_epochs}")
-    for name, value, allowed in (
-        ("distance", self.distance, DISTANCES),
-        ("proto_weighting", self.proto_weighting, prototypes.WEIGHTINGS),
-        ("new_client_init", self.new_client_init, NEW_CLIENT_INITS)):
-      if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 # The state and its initialisation are the shared prototype ones.

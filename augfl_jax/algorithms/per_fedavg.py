@@ -33,6 +33,7 @@ from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import hvp as hvp_lib
 from augfl_jax.core import local
 from augfl_jax.algorithms import averaging, base
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
@@ -41,33 +42,21 @@ VARIANTS = ("fo", "hf")
 
 
 @dataclasses.dataclass(frozen=True)
-class PerFedAvgConfig:
+class PerFedAvgConfig(fields.Config):
   """Hyper-parameters of Per-FedAvg (Fallah et al. 2020)."""
 
   alpha: float = field(0.03, "inner step size alpha (also the held-out "
-      "clients' adaptation step)")
-  beta: float = field(0.05, "outer step size beta")
-  local_steps: int = field(5, "local meta steps tau per round")
-  batch_size: int = field(10, "minibatch size of each of D, D', D''")
+      "clients' adaptation step)", gt=0, resume="named")
+  beta: float = field(0.05, "outer step size beta", gt=0, resume="named")
+  local_steps: int = field(5, "local meta steps tau per round", ge=1)
+  batch_size: int = field(10, "minibatch size of each of D, D', D''", ge=1)
   variant: str = field("fo", "fo (first order, as the AugFL authors' code "
       "runs it) or hf (Hessian-free: a finite-difference Hessian-vector "
       "product; non-finite by round 2 on Fashion-MNIST's cnn)",
       choices=VARIANTS)
   hvp: str = field("finite_difference", "hf's Hessian-vector product: "
       "finite_difference or exact", choices=hvp_lib.HVP_METHODS)
-  hf_delta: float = field(1e-3, "hf's finite-difference step")
-
-  def __post_init__(self):
-    if not (self.alpha > 0 and self.beta > 0 and self.hf_delta > 0):
-      raise ValueError("alpha, beta and hf_delta must be > 0, got "
-                       f"{self.alpha}, {self.beta}, {self.hf_delta}")
-    if self.local_steps < 1 or self.batch_size < 1:
-      raise ValueError("local_steps and batch_size must be >= 1")
-    if self.variant not in VARIANTS:
-      raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-    if self.hvp not in hvp_lib.HVP_METHODS:
-      raise ValueError(
-          f"hvp must be one of {hvp_lib.HVP_METHODS}, got {self.hvp!r}")
+  hf_delta: float = field(1e-3, "hf's finite-difference step", gt=0)
 
 
 def meta_step(loss_fn: LossFn, config: PerFedAvgConfig, params: Params,

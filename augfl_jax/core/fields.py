@@ -1,11 +1,21 @@
 """Typed, documented configuration fields and dotted access to nested configs.
 
 Every configuration of the library is a frozen dataclass whose fields carry
-their help text (``field(default, "what it is")``); a run's configuration
-nests them (``RunConfig.augfl`` is an ``AugFLConfig``). The functions here
-walk such a tree by dotted names (``"augfl.rho"``), so that command-line
-flags, sweeps and ``config.json`` name a field the same way, and a renamed
-field fails loudly instead of silently disconnecting its flag.
+their help text and their rules (``field(0.03, "what it is", gt=0)``); a
+run's configuration nests them (``RunConfig.augfl`` is an ``AugFLConfig``).
+:class:`Config`, their base, checks the rules of every field when an
+instance is made (:func:`check`: finite floats, choices, bounds), so a
+config built in Python is refused as one given by flags is. The functions
+here walk such a tree by dotted names (``"augfl.rho"``), so that
+command-line flags, sweeps and ``config.json`` name a field the same way,
+and a renamed field fails loudly instead of silently disconnecting its flag.
+
+A field's metadata also says what a resumed run may do with it
+(``resume``): ``"fixed"`` (the default: it must equal the checkpoint's),
+``"free"`` (it lays out or locates the same computation, or asks for more
+rounds) or ``"named"`` (a step size, or a weight such as AugFL's lambda,
+that a resumed run may change when the user names it); :func:`select`
+collects them.
 """
 
 from __future__ import annotations
@@ -17,16 +27,23 @@ import types
 import typing
 from typing import Any, Iterator
 
-__all__ = ["field", "help_text", "walk", "get", "replace", "to_dict",
-           "from_dict", "diff", "leaf_type"]
+__all__ = ["Config", "FieldError", "RESUME", "check", "field", "help_text",
+           "walk", "select", "get", "replace", "to_dict", "from_dict", "diff",
+           "leaf_type"]
 
 _MISSING = object()
+# What a resumed run may do with a field (``field(..., resume=...)``).
+RESUME = ("fixed", "free", "named")
+_BOUNDS = (("gt", ">", lambda v, b: v > b), ("ge", ">=", lambda v, b: v >= b),
+           ("lt", "<", lambda v, b: v < b), ("le", "<=", lambda v, b: v <= b))
 
 
 def field(default: Any = _MISSING, help: str = "", *,  # pylint: disable=redefined-builtin
           default_factory: Any = _MISSING, allow_inf: bool = False,
-          choices: tuple[str, ...] | None = None) -> Any:
-  """A dataclass field with its help text next to it.
+          choices: tuple[str, ...] | None = None, gt: float | None = None,
+          ge: float | None = None, lt: float | None = None,
+          le: float | None = None, resume: str = "fixed") -> Any:
+  """A dataclass field with its help text and its rules next to it.
 
   Args:
     default: the default value.
@@ -35,12 +52,89 @@ def field(default: Any = _MISSING, help: str = "", *,  # pylint: disable=redefin
     allow_inf: a float field whose value may be ``inf`` (e.g. an upper
       clip); every other float must be finite.
     choices: the values a string field accepts.
+    gt, ge, lt, le: bounds of a number (``None``, the value of a field not
+      yet resolved, is not checked).
+    resume: what a resumed run may do with the field (:data:`RESUME`,
+      module docstring).
   """
-  metadata = {"help": help, "allow_inf": allow_inf, "choices": choices}
+  if resume not in RESUME:
+    raise ValueError(f"resume must be one of {RESUME}, got {resume!r}")
+  metadata = {"help": help, "allow_inf": allow_inf, "choices": choices,
+              "gt": gt, "ge": ge, "lt": lt, "le": le, "resume": resume}
   if default_factory is not _MISSING:
     return dataclasses.field(default_factory=default_factory,
                              metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
+
+
+class FieldError(ValueError):
+  """A field's value breaks its rule. ``name`` is the field's name, dotted
+  from the outermost config that was being changed (``"augfl.rho"``);
+  ``str(e)`` reads ``"rho must be > 0, got 0.0"``.
+
+  Attributes:
+    name: the field's (dotted) name.
+    rule: the message with ``{name}`` where the name goes.
+  """
+
+  def __init__(self, name: str, rule: str):
+    self.name, self.rule = name, rule
+    super().__init__(rule.format(name=name))
+
+  def within(self, section: str) -> FieldError:
+    """The same error, its name under ``section``."""
+    return FieldError(f"{section}.{self.name}", self.rule)
+
+
+def _rule(f: dataclasses.Field, value: Any) -> str | None:
+  """What is wrong with ``value`` for field ``f`` (``{name}`` for its
+  name), or None."""
+  meta = f.metadata
+  if isinstance(value, float) and not math.isfinite(value) and not (
+      meta.get("allow_inf") and value == math.inf):
+    return f"{{name}} must be a finite number, got {value}"
+  choices = meta.get("choices")
+  if choices and value not in choices:
+    return f"unknown {{name}} {value!r}; choose one of {', '.join(choices)}"
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    bounds = [(key, op, test) for key, op, test in _BOUNDS
+              if meta.get(key) is not None]
+    if not all(test(value, meta[key]) for key, _, test in bounds):
+      low = [(op, meta[key]) for key, op, _ in bounds if key in ("gt", "ge")]
+      high = [(op, meta[key]) for key, op, _ in bounds if key in ("lt", "le")]
+      if low and high:
+        (lop, lo), (hop, hi) = low[0], high[0]
+        return (f"{{name}} must be in {'(' if lop == '>' else '['}{lo}, "
+                f"{hi}{')' if hop == '<' else ']'}, got {value}")
+      op, bound = (low or high)[0]
+      return f"{{name}} must be {op} {bound}, got {value}"
+  return None
+
+
+def check(config: Any) -> None:
+  """Checks every field of the dataclass instance ``config`` (not the
+  fields of its sections, which checked themselves when they were made)
+  against its metadata: a float is finite (or ``inf`` where the field
+  allows it), a string one of its choices, a number within its bounds;
+  ``None`` passes. Raises :class:`FieldError` naming the first bad field."""
+  for f in dataclasses.fields(config):
+    value = getattr(config, f.name)
+    if value is None or dataclasses.is_dataclass(value):
+      continue
+    rule = _rule(f, value)
+    if rule is not None:
+      raise FieldError(f.name, rule)
+
+
+class Config:
+  """Base of the library's frozen config dataclasses: the rules of every
+  field (:func:`field`'s metadata) are checked when an instance is made
+  (:func:`check`), by ``dataclasses.replace`` too. A subclass adds rules
+  that tie several fields by overriding ``__post_init__``, calling
+  ``super().__post_init__()`` first."""
+
+  def __post_init__(self):
+    check(self)
 
 
 def help_text(f: dataclasses.Field) -> str:
@@ -75,6 +169,13 @@ def walk(config: Any, prefix: str = ""
       yield name, f, type(config), value
 
 
+def select(config: Any, **metadata: Any) -> tuple[str, ...]:
+  """The dotted names of the leaf fields whose metadata holds every
+  ``key=value`` given: ``select(RunConfig(), resume="named")``."""
+  return tuple(name for name, f, _, _ in walk(config)
+               if all(f.metadata.get(k) == v for k, v in metadata.items()))
+
+
 def get(config: Any, name: str) -> Any:
   """The value of dotted field ``name``."""
   for part in name.split("."):
@@ -101,7 +202,10 @@ def replace(config: Any, **changes: Any) -> Any:
     else:
       direct[head] = value
   for head, sub in nested.items():
-    direct[head] = replace(direct.get(head, getattr(config, head)), **sub)
+    try:
+      direct[head] = replace(direct.get(head, getattr(config, head)), **sub)
+    except FieldError as e:
+      raise e.within(head) from None
   return dataclasses.replace(config, **direct)
 
 

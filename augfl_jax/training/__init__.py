@@ -22,8 +22,8 @@ calls; a Python user calls it the same way::
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
                                 presets, resume, rounds, safety, wiring)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
-                                       RESUMABLE_FIELDS, RESUME_CHANGES,
-                                       STEP_SIZE_FIELDS, RunConfig)
+                                       RunConfig, resumable_fields,
+                                       resume_changes)
 from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
                                      RunInterrupted, run)
 from augfl_jax.training.outputs import OutputDirError

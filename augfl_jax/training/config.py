@@ -28,6 +28,8 @@ from augfl_jax.algorithms.fedbc import round as fedbc
 from augfl_jax.algorithms.fedcp import round as fedcp
 from augfl_jax.algorithms.fedoa import round as fedoa
 from augfl_jax.algorithms.fedpcl import round as fedpcl
+from augfl_jax import models
+from augfl_jax.core import client_axis, fields
 from augfl_jax.core.fields import field
 from augfl_jax.transfer import crd
 
@@ -35,23 +37,25 @@ AUTO = "auto"  # strategy, conv_impl: the backend's measured choice
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
+class DataConfig(fields.Config):
   """Which examples each client and the server hold (§VI-A)."""
 
   data_dir: str | None = field(
       None, "searched first for the dataset's files (its IDX files, or a "
       "tfds prepared copy); then $AUGFL_JAX_DATA_DIR, the Debian package's "
-      "directory (fashion_mnist) and the tfds default directory")
+      "directory (fashion_mnist) and the tfds default directory",
+      resume="free")
   num_clients: int | None = field(
       None, "clients N, 80% train / 20% held out (default: the dataset's, "
-      "the paper's: 50, or 100 for EMNIST and CIFAR-100; digits 40)")
-  M: int = field(20, "client sizes are uniform on {M, ..., 2M}")  # pylint: disable=invalid-name
+      "the paper's: 50, or 100 for EMNIST and CIFAR-100; digits 40)", ge=2)
+  M: int = field(20, "client sizes are uniform on {M, ..., 2M}",  # pylint: disable=invalid-name
+                 ge=1)
   classes_per_client: int = field(
       2, "classes per client (pathological partition)")
   server_size: int | None = field(
       None, "the server split: the first n training examples (default "
       "10000; digits 400); synthetic: n examples drawn from its clients "
-      "(default none, 500 for a method with a PM)")
+      "(default none, 500 for a method with a PM)", ge=0)
   partition: str = field(
       "pathological", "how labels are split: pathological (the paper's), "
       "dirichlet, or authors (the authors' code's division of the train and "
@@ -71,17 +75,9 @@ class DataConfig:
       "start of the data, as the authors' code, whose every Fashion-MNIST "
       "client image lies inside its server's first 10,000")
 
-  def __post_init__(self):
-    # Here, not only in presets.validate: the defaults resolved from a
-    # negative server split (CRD's kt_steps) would fail first, naming
-    # another field.
-    if self.server_size is not None and self.server_size < 0:
-      raise ValueError("server_size must be >= 0 (0: no server split), got "
-                       f"{self.server_size}")
-
 
 @dataclasses.dataclass(frozen=True)
-class PMConfig:
+class PMConfig(fields.Config):
   """The server's pretrained model (PM), trained on the server split only."""
 
   model: str | None = field(
@@ -89,16 +85,17 @@ class PMConfig:
       "mlp; fedlp: the client model)")
   epochs: int | None = field(
       None, "pretraining epochs when no matching PM is saved (default 240, "
-      "the reference's; digits 30)")
+      "the reference's; digits 30)", ge=1)
   kwargs: str = field("", "JSON keyword arguments of the PM model, e.g. "
                       "'{\"hidden\": [512, 256]}'")
   lr: float = field(0.05, "pretraining's initial learning rate, x0.1 at "
-                    "62.5%, 75% and 87.5% of the epochs (the reference's)")
+                    "62.5%, 75% and 87.5% of the epochs (the reference's)",
+                    gt=0)
   batch_size: int = field(64, "pretraining's minibatch size (the "
-                          "reference's)")
+                          "reference's)", ge=1)
   holdout_fraction: float = field(
       0.1, "the last fraction of the server split held out to report the "
-      "PM's accuracy (not trained on)")
+      "PM's accuracy (not trained on)", ge=0, lt=1)
   dir: str | None = field(
       None, "the PM's checkpoint directory (default runs/pm/<dataset>_"
       "<model>..._e<epochs>_srv<n>); reused when it was trained for the "
@@ -112,16 +109,16 @@ class PMConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(fields.Config):
   """How held-out clients are scored: fast adaptation (Algorithm 1)."""
 
   alpha: float | None = field(
       None, "step size of the adaptation SGD steps (default: the "
       "algorithm's own alpha where it has one, AugFL and Per-FedAvg, else "
-      "0.03, the paper's)")
+      "0.03, the paper's)", gt=0, resume="named")
   steps: int = field(
       1, "SGD steps on a held-out client's support set before it is scored "
-      "on its query set")
+      "on its query set", ge=0)
   test_split: str = field(
       "auto", "also score the run on many held-out clients drawn from the "
       "dataset's official test split under the run's partition protocol "
@@ -130,14 +127,20 @@ class EvalConfig:
       "stops before any work) or off", choices=("auto", "on", "off"))
   test_clients: int = field(
       1000, "how many test-split clients (the same for every method and "
-      "configuration of a seed)")
+      "configuration of a seed)", ge=0)
   test_split_every: int = field(
       0, "also score the test-split clients every this many rounds (0: only "
-      "after the last round)")
+      "after the last round)", ge=0, resume="free")
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.test_clients < 1 and self.test_split != "off":
+      raise ValueError(f"test_clients must be >= 1, got {self.test_clients} "
+                       "(test_split=off scores no test-split clients)")
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class RunConfig(fields.Config):
   """Everything a run depends on (the module docstring says how to read it).
 
   Example::
@@ -167,22 +170,25 @@ class RunConfig:
   conv_impl: str = field(
       AUTO, "how the convolutions and max-pools of cnn / resnet models run: "
       "auto (patches on CPU, xla elsewhere), xla or patches; the same "
-      "parameters and outputs up to float rounding")
+      "parameters and outputs up to float rounding",
+      choices=(AUTO,) + models.CONV_IMPLS, resume="free")
   regularizer: str = field(
       "crd", "AugFL's server regulariser R_h: crd, l2 (same architecture "
       "only) or none", choices=("crd", "l2", "none"))
-  rounds: int = field(300, "communication rounds")
+  rounds: int = field(300, "communication rounds", ge=1, resume="free")
   eval_every: int = field(10, "score the held-out clients every this many "
-                          "rounds (and after the last)")
+                          "rounds (and after the last)", ge=1, resume="free")
   clients_per_round: int = field(
       0, "clients sampled per round, reproducibly from the seed (0: all); "
-      "AugFL aggregates the stale (theta_i, y_i) of the others")
+      "AugFL aggregates the stale (theta_i, y_i) of the others", ge=0)
   seed: int = field(0, "seed of the partition, the initialisation and the "
                     "run")
   strategy: str = field(
       AUTO, "how the client axis runs: auto (the backend's measured choice: "
-      "map on CPU, vmap on GPU/TPU), vmap, map, chunked or sharded")
-  chunk_size: int = field(0, "clients per chunk for --strategy=chunked")
+      "map on CPU, vmap on GPU/TPU), vmap, map, chunked or sharded",
+      choices=(AUTO,) + client_axis.STRATEGIES, resume="free")
+  chunk_size: int = field(0, "clients per chunk for --strategy=chunked",
+                          ge=0, resume="free")
   data: DataConfig = field(default_factory=DataConfig,
                            help="the data and its federated partition")
   pm: PMConfig = field(default_factory=PMConfig, help="the pretrained model")
@@ -218,27 +224,6 @@ SECTIONS = {"augfl": "augfl", "kt_only": "augfl", "fedavg": "fedavg",
             "fedlp": "fedavg", "per_fedavg": "per_fedavg", "fedbc": "fedbc",
             "per_fedbc": "fedbc", "fedproto": "fedproto", "fedpcl": "fedpcl",
             "fedcp": "fedcp", "fedit": "fedit", "fedoa": "fedoa"}
-# Fields a resumed run may change: they do not change the maths (rounds:
-# more rounds continue training; the others only lay out the same
-# computation or say where the files are).
-RESUMABLE_FIELDS = ("rounds", "eval_every", "data.data_dir", "strategy",
-                    "chunk_size", "conv_impl", "crd.loop",
-                    "eval.test_split_every")
-# Step sizes: a resumed run may change those it names in ``resume_changes``
-# (``--resume_changes``), e.g. after a non-finite round; the change is
-# recorded in ``changes.jsonl`` and the log. They change the maths from the
-# checkpoint on, never the state saved, which is why they must be named.
-STEP_SIZE_FIELDS = ("augfl.alpha", "eval.alpha", "fedavg.lr",
-                    "per_fedavg.alpha", "per_fedavg.beta", "fedbc.lr",
-                    "fedbc.lr_lambda", "fedbc.lr_gamma", "fedbc.alpha",
-                    "fedbc.beta", "fedproto.lr", "fedpcl.lr", "fedcp.lr",
-                    "fedcp.eval_lr",
-                    "fedit.lr", "fedoa.lr", "fedoa.personal_lr",
-                    "crd.head_lr", "crd.student_lr")
-# What ``resume_changes`` may name: the step sizes, and AugFL's weight of
-# R_h (a huge lam makes a round non-finite too), though not to or from 0,
-# which adds or removes the PM and its state.
-RESUME_CHANGES = STEP_SIZE_FIELDS + ("augfl.lam",)
 
 
 def algorithm_config(config: RunConfig):
@@ -253,9 +238,28 @@ def unused_sections(algorithm: str) -> tuple[str, ...]:
   return tuple(sorted(set(SECTIONS.values()) - {SECTIONS[algorithm]}))
 
 
+def resumable_fields(config: RunConfig) -> tuple[str, ...]:
+  """The fields a resumed run may change (their metadata says
+  ``resume="free"``): they do not change the maths (``rounds``: more
+  rounds continue training; the others only lay out the same computation
+  or say where the files are)."""
+  return fields.select(config, resume="free")
+
+
+def resume_changes(config: RunConfig) -> tuple[str, ...]:
+  """The fields a resumed run may change when ``--resume_changes`` names
+  them (``resume="named"``): step sizes, and weights such as AugFL's lambda
+  (a huge one makes a round non-finite too), e.g. after a non-finite
+  round. They change the maths from the checkpoint on, never the state
+  saved, which is why they must be named; the change is recorded in
+  ``changes.jsonl`` and the log."""
+  return fields.select(config, resume="named")
+
+
 def fields_to_lower(config: RunConfig) -> tuple[str, ...]:
-  """What a non-finite round advises to lower: the :data:`RESUME_CHANGES`
-  of ``config.algorithm``'s section (AugFL's lam only when > 0)."""
+  """What a non-finite round advises to lower: the :func:`resume_changes`
+  of ``config.algorithm``'s section, but those at 0 (a weight switched
+  off)."""
   head = SECTIONS[config.algorithm] + "."
-  return tuple(n for n in RESUME_CHANGES if n.startswith(head) and (
-      n != "augfl.lam" or config.augfl.lam > 0))
+  return tuple(n for n in resume_changes(config) if n.startswith(head)
+               and fields.get(config, n) != 0)

@@ -67,11 +67,11 @@ def run(config: RunConfig, output_dir: str,
     checkpoint_every: save the run state every this many rounds and at the
       end; 0: only at the end, on a signal and before a non-finite stop.
     resume: continue from ``output_dir``'s newest readable checkpoint (its
-      configuration may differ only in ``RESUMABLE_FIELDS`` and
+      configuration may differ only in ``resumable_fields`` and
       ``resume_changes``; a larger ``rounds`` trains further).
     overwrite: replace the run ``output_dir`` holds (only its own files).
     resume_changes: dotted names of step sizes, or AugFL's lam
-      (``RESUME_CHANGES``), that this resumed run may change, e.g.
+      (``resume_changes``), that this resumed run may change, e.g.
       ``("fedavg.lr",)`` after a non-finite round; each change is logged
       and recorded in ``changes.jsonl``.
     transform_data: applied to the federated data before training (tests

@@ -18,15 +18,16 @@ import numpy as np
 from augfl_jax import data
 from augfl_jax.core import fields
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
-from augfl_jax.training.config import (RESUMABLE_FIELDS, RESUME_CHANGES,
-                                       RunConfig, unused_sections)
+from augfl_jax.training.config import RunConfig, resumable_fields
+from augfl_jax.training.config import resume_changes as resume_changes_of
+from augfl_jax.training.config import unused_sections
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 
 
 def check_resume_config(saved: RunConfig, config: RunConfig,
                          resume_changes: Sequence[str], where: str) -> None:
   """Refuses a resumed configuration that differs from the checkpoint's
-  ``saved`` outside ``RESUMABLE_FIELDS`` and ``resume_changes`` (and
+  ``saved`` outside :func:`resumable_fields` and ``resume_changes`` (and
   AugFL's lam changed to or from 0)."""
   if "augfl.lam" in resume_changes and (
       (saved.augfl.lam == 0) != (config.augfl.lam == 0)):
@@ -35,16 +36,17 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
         f"or from 0 (lam 0 trains without the PM, whose state the "
         f"checkpoint {where} holds or lacks); got {saved.augfl.lam} -> "
         f"{config.augfl.lam}")
-  diff = fields.diff(saved, config, RESUMABLE_FIELDS + tuple(resume_changes)
+  free = resumable_fields(config)
+  diff = fields.diff(saved, config, free + tuple(resume_changes)
                      + unused_sections(config.algorithm))
   if not diff:
     return
   names = [d.partition(":")[0] for d in diff]
-  if all(n in RESUME_CHANGES for n in names):
+  if all(n in resume_changes_of(config) for n in names):
     way_out = ("to continue with these values, add --resume_changes="
                + ",".join(list(resume_changes) + names))
   else:
-    way_out = (f"only {', '.join(RESUMABLE_FIELDS)} may change on resume, "
+    way_out = (f"only {', '.join(free)} may change on resume, "
                "and the step sizes (or augfl.lam) named in --resume_changes")
   raise ValueError(f"--resume: the checkpoint {where} is of another "
                    f"configuration ({'; '.join(diff)}); {way_out}")
@@ -171,10 +173,10 @@ def check_run_control(config: RunConfig, checkpoint_every: int,
     raise ValueError("--resume_changes names step sizes a resumed run "
                      "changes: it needs --resume")
   for name in resume_changes:
-    if name not in RESUME_CHANGES:
+    if name not in resume_changes_of(config):
       raise ValueError(
           f"--resume_changes: {name} is not a step size; these may change "
-          f"on resume: {', '.join(RESUME_CHANGES)}")
+          f"on resume: {', '.join(resume_changes_of(config))}")
   if config.dataset != "synthetic":  # synthetic: its natural clients
     train = data.num_train_clients(config.data.num_clients)
     if config.clients_per_round > train:

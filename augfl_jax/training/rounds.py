@@ -81,7 +81,7 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every, stop, fed,
     checkpoints.reload()  # --overwrite removed the old steps
     out.claim()
   resuming.record_changes(out, start_round, changes, log)
-  # What runs now (a resumed run may differ in RESUMABLE_FIELDS: rounds,
+  # What runs now (a resumed run may differ in resumable_fields: rounds,
   # strategy, the data's directory, ... and in the changes above).
   out.write_json("config.json", fields.to_dict(config))
   out.write_text("partition.txt", description + "\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.transfer.server_data import AUGMENTATIONS
 
@@ -14,7 +15,7 @@ REFERENCE_NCE_K = 16384
 
 
 @dataclasses.dataclass(frozen=True)
-class CRDConfig:
+class CRDConfig(fields.Config):
   """Hyper-parameters of the CRD regulariser (RepDistiller's defaults).
 
   ``loop``: how the minibatches run: ``"scan"`` (one jitted ``lax.scan``),
@@ -30,11 +31,12 @@ class CRDConfig:
   (``training.presets.crd_loop``).
   """
 
-  feat_dim: int = field(128, "embedding size of the two heads and the banks")
+  feat_dim: int = field(128, "embedding size of the two heads and the banks",
+                        ge=1)
   nce_k: int | None = field(
       None, "K, negatives per example, drawn with replacement from other "
       "classes (may exceed the server size; default the reference's 16384; "
-      "digits 1024)")
+      "digits 1024)", ge=1)
   negative_sampling: str = field(
       "per_example", "per_example: K negatives of other classes drawn for "
       "every example (the reference's); shared: K draws for the whole "
@@ -45,25 +47,26 @@ class CRDConfig:
       "float32", "dtype the two memory banks are stored in (float32, the "
       "reference's, or bfloat16: half the memory, read as float32)",
       choices=BANK_DTYPES)
-  nce_t: float = field(0.07, "NCE temperature tau")
-  nce_m: float = field(0.5, "momentum m of the memory banks")
+  nce_t: float = field(0.07, "NCE temperature tau", gt=0)
+  nce_m: float = field(0.5, "momentum m of the memory banks", ge=0, le=1)
   ce_weight: float = field(1.0, "weight of CE(student, server labels) in "
-                           "R_h (the reference's 1.0)")
+                           "R_h (the reference's 1.0)", ge=0)
   kd_weight: float = field(0.0, "weight of KD(student, PM) in R_h (the "
-                           "reference's 0)")
+                           "reference's 0)", ge=0)
   crd_weight: float = field(0.8, "weight of CRD in R_h (the reference's "
-                            "0.8)")
-  kd_temperature: float = field(4.0, "temperature T of the KD term")
-  batch_size: int = field(128, "server minibatch size")
+                            "0.8)", ge=0)
+  kd_temperature: float = field(4.0, "temperature T of the KD term", gt=0)
+  batch_size: int = field(128, "server minibatch size", ge=1)
   kt_steps: int | None = field(
       None, "minibatches per round (default one pass over the server "
-      "split, ceil(n / batch_size), the last one partial)")
+      "split, ceil(n / batch_size), the last one partial)", ge=1)
   head_lr: float = field(0.002, "SGD learning rate of the two embedding "
                          "heads (the reference's launcher; RepDistiller's "
-                         "own is 0.05)")
-  head_momentum: float = field(0.9, "SGD momentum of the embedding heads")
+                         "own is 0.05)", ge=0, resume="named")
+  head_momentum: float = field(0.9, "SGD momentum of the embedding heads",
+                               ge=0, lt=1)
   head_weight_decay: float = field(5e-4, "weight decay of the embedding "
-                                   "heads")
+                                   "heads", ge=0)
   reset_head_optimizer: bool = field(
       True, "a new SGD (no momentum carried) for the heads every round, as "
       "the reference builds one per round; false carries it across rounds")
@@ -75,7 +78,7 @@ class CRDConfig:
       "optimizer (lr 0.002) but zeroes the copy's gradients before each "
       "step (src/CRD/loops.py), so its copy moves by weight decay alone, "
       "shrinking by under 7e-4 over a pass of 79 minibatches: 0 is the "
-      "value closest to it; no value reproduces it")
+      "value closest to it; no value reproduces it", ge=0, resume="named")
   augment: str = field(
       "none", "server images for the KT: none, or crop_flip (the "
       "reference's RandomCrop with padding 4 and a horizontal flip)",
@@ -83,45 +86,10 @@ class CRDConfig:
   loop: str = field("auto", "how the minibatches run: scan, python (same "
                     "numbers) or auto (python on CPU when the client model "
                     "has XLA convolutions, else scan)",
-                    choices=LOOPS + ("auto",))
-
-  def __post_init__(self):
-    if self.loop not in LOOPS + ("auto",):
-      raise ValueError(
-          f"loop must be one of {LOOPS + ('auto',)}, got {self.loop!r}")
-    for name in ("feat_dim", "nce_k", "batch_size"):
-      value = getattr(self, name)
-      if value is not None and int(value) < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    if self.kt_steps is not None and self.kt_steps < 1:
-      raise ValueError(
-          f"kt_steps must be >= 1 or None (one pass), got {self.kt_steps}")
-    if not self.nce_t > 0:
-      raise ValueError(f"nce_t must be > 0, got {self.nce_t}")
-    if not 0.0 <= self.nce_m <= 1.0:
-      raise ValueError(f"nce_m must be in [0, 1], got {self.nce_m}")
-    if not self.kd_temperature > 0:
-      raise ValueError(
-          f"kd_temperature must be > 0, got {self.kd_temperature}")
-    for name, choices in (("negative_sampling", NEGATIVE_SAMPLING),
-                          ("bank_dtype", BANK_DTYPES)):
-      if getattr(self, name) not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got "
-                         f"{getattr(self, name)!r}")
-    if self.augment not in AUGMENTATIONS:
-      raise ValueError(f"augment must be one of {AUGMENTATIONS}, got "
-                       f"{self.augment!r}")
-    for name in ("ce_weight", "kd_weight", "crd_weight", "head_lr",
-                 "head_weight_decay", "student_lr"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-    if not 0.0 <= self.head_momentum < 1.0:
-      raise ValueError(
-          f"head_momentum must be in [0, 1), got {self.head_momentum}")
+                    choices=LOOPS + ("auto",), resume="free")
 
   @property
   def negatives(self) -> int:
     """K: ``nce_k``, or the reference's 16384 when it is None."""
     return REFERENCE_NCE_K if self.nce_k is None else self.nce_k
-
 

@@ -19,7 +19,6 @@ A client that never took part contributes ``y_i = 0, theta_i = theta^0``.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import flax.struct
@@ -32,48 +31,30 @@ from augfl_jax.core import checks
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import hvp as hvp_lib
 from augfl_jax.core import tree
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
 
 @dataclasses.dataclass(frozen=True)
-class AugFLConfig:
+class AugFLConfig(fields.Config):
   """Hyper-parameters of AugFL (defaults: the paper's §VI-A, lam 0)."""
 
   alpha: float = field(0.03, "inner step size alpha of Eq. (7) (the paper's "
-      "0.03)")
+      "0.03)", gt=0, resume="named")
   rho: float = field(0.7, "ADMM penalty rho_i of Eqs. (11)-(13), the same for "
-      "every client (the paper's 0.7)")
+      "every client (the paper's 0.7)", gt=0)
   lam: float = field(0.0, "weight lambda of the server regulariser R_h in Eq. "
-      "(13); 0 is AugFL w/o PM (the paper's 5)")
+      "(13); 0 is AugFL w/o PM (the paper's 5)", ge=0, resume="named")
   hvp: str = field("finite_difference", "the Hessian-vector product of Eq. "
       "(10): finite_difference (the paper's) or exact (jvp of grad)",
       choices=hvp_lib.HVP_METHODS)
   delta_slope: float = field(10.0, "delta_t = 1 / (delta_slope t + "
-      "delta_offset), t the rounds the client has taken part in")
+      "delta_offset), t the rounds the client has taken part in", ge=0)
   delta_offset: float = field(100.0, "see delta_slope (delta_1 = 1/110, as "
-      "the reference)")
+      "the reference)", gt=0)
   uniform_weights: bool = field(False, "w_i = 1/N instead of |D_i| / sum_j "
       "|D_j|")
-
-  def __post_init__(self):
-    for name in ("alpha", "rho", "lam", "delta_slope", "delta_offset"):
-      value = getattr(self, name)
-      if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value}")
-    if not self.alpha > 0:
-      raise ValueError(f"alpha must be > 0, got {self.alpha}")
-    if not self.rho > 0:
-      raise ValueError(f"rho must be > 0, got {self.rho}")
-    if self.lam < 0:
-      raise ValueError(f"lam must be >= 0, got {self.lam}")
-    if self.delta_slope < 0 or not self.delta_offset > 0:
-      raise ValueError("delta_t = 1 / (delta_slope t + delta_offset) needs "
-                       f"delta_slope >= 0 and delta_offset > 0, got "
-                       f"{self.delta_slope} and {self.delta_offset}")
-    if self.hvp not in hvp_lib.HVP_METHODS:
-      raise ValueError(
-          f"hvp must be one of {hvp_lib.HVP_METHODS}, got {self.hvp!r}")
 
 
 @flax.struct.dataclass

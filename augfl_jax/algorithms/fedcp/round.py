@@ -59,6 +59,7 @@ from augfl_jax.core import evaluation, local, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.algorithms.fedcp import model as fedcp_model
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
@@ -68,38 +69,26 @@ CPN_SALT = 0x7FFFFFF3
 
 
 @dataclasses.dataclass(frozen=True)
-class FedCPConfig:
+class FedCPConfig(fields.Config):
   """Hyper-parameters of FedCP (defaults: its public code)."""
 
-  lam: float = field(5.0, "weight lambda of the MMD term")
-  lr: float = field(0.005, "client SGD step size")
-  momentum: float = field(0.0, "client SGD momentum (the code: plain SGD)")
-  local_epochs: int = field(1, "local epochs E")
-  batch_size: int = field(10, "local minibatch size B")
-  gumbel_temperature: float = field(1.0, "tau of the Gumbel-softmax")
+  lam: float = field(5.0, "weight lambda of the MMD term", ge=0)
+  lr: float = field(0.005, "client SGD step size", gt=0, resume="named")
+  momentum: float = field(0.0, "client SGD momentum (the code: plain SGD)",
+                           ge=0, lt=1)
+  local_epochs: int = field(1, "local epochs E", ge=1)
+  batch_size: int = field(10, "local minibatch size B", ge=1)
+  gumbel_temperature: float = field(1.0, "tau of the Gumbel-softmax", gt=0)
   head_mix: float = field(0.5, "the uploaded head is head_mix W^hp + (1 - "
-      "head_mix) W^hg")
+      "head_mix) W^hg", ge=0, le=1)
   eval_epochs: int | None = field(None, "a held-out client's epochs on its "
-      "support set (default: local_epochs)")
+      "support set (default: local_epochs)", ge=0)
   eval_lr: float | None = field(None, "a held-out client's step size on its "
       "support set (default: lr; the code scores only the clients it "
       "trained, and PFLlib's generic new-client fine-tuning uses the "
-      "training step size)")
+      "training step size)", gt=0, resume="named")
   eval_noise: bool = field(True, "Gumbel noise at prediction too (the code's "
       "behaviour)")
-
-  def __post_init__(self):
-    if self.lam < 0 or not self.lr > 0 or not 0 <= self.momentum < 1:
-      raise ValueError("need lam >= 0, lr > 0, 0 <= momentum < 1; got "
-                       f"{self.lam}, {self.lr}, {self.momentum}")
-    if self.local_epochs < 1 or self.batch_size < 1:
-      raise ValueError("local_epochs and batch_size must be >= 1")
-    if not self.gumbel_temperature > 0 or not 0 <= self.head_mix <= 1:
-      raise ValueError("need gumbel_temperature > 0 and 0 <= head_mix <= 1")
-    if self.eval_epochs is not None and self.eval_epochs < 0:
-      raise ValueError(f"eval_epochs must be >= 0, got {self.eval_epochs}")
-    if self.eval_lr is not None and not self.eval_lr > 0:
-      raise ValueError(f"eval_lr must be > 0, got {self.eval_lr}")
 
 
 @flax.struct.dataclass

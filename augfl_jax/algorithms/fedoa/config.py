@@ -20,7 +20,7 @@ class FedOAConfig(fedit.FedITConfig):
   adapter's."""
 
   lam: float = field(0.5, "weight lambda of the feature-distance regulariser "
-      "(the paper's 0.5)")
+      "(the paper's 0.5)", ge=0)
   distance: str = field("l2", "D of the personal objective: l2 (the "
       "paper's L2-distance) or squared_l2 (||h_p - h_g||^2 per example: the "
       "gradient in its appendix; diverges at lam 0.5, lr 0.05 on digits)",
@@ -31,19 +31,7 @@ class FedOAConfig(fedit.FedITConfig):
       "is pulled to: received (phi_g^{t-1}, Algorithm 1) or updated (this "
       "round's global copy)", choices=ANCHORS)
   personal_lr: float | None = field(None, "step size of the personal "
-      "adapter's SGD (default: lr)")
-
-  def __post_init__(self):
-    super().__post_init__()
-    if not self.lam >= 0:
-      raise ValueError(f"lam must be >= 0, got {self.lam}")
-    for name, value, allowed in (("distance", self.distance, DISTANCES),
-                                 ("reduction", self.reduction, REDUCTIONS),
-                                 ("anchor", self.anchor, ANCHORS)):
-      if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-    if self.personal_lr is not None and not self.personal_lr > 0:
-      raise ValueError(f"personal_lr must be > 0, got {self.personal_lr}")
+      "adapter's SGD (default: lr)", gt=0, resume="named")
 
   @property
   def personal_step(self) -> float:

@@ -65,6 +65,7 @@ from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import evaluation, local
 from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.algorithms.fedpcl import contrastive as fedpcl_contrastive
+from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
@@ -75,39 +76,24 @@ EVAL_SALT = 0x7FFFFFF1
 
 
 @dataclasses.dataclass(frozen=True)
-class FedPCLConfig:
+class FedPCLConfig(fields.Config):
   """Hyper-parameters of FedPCL."""
 
   temperature: float = field(0.07, "tau of the contrastive losses (the code: "
-      "0.07)")
-  lr: float = field(0.01, "client SGD step size on the projector")
-  momentum: float = field(0.5, "client SGD momentum")
-  local_epochs: int = field(1, "local epochs E")
-  batch_size: int = field(10, "local minibatch size B")
+      "0.07)", gt=0)
+  lr: float = field(0.01, "client SGD step size on the projector", gt=0,
+                    resume="named")
+  momentum: float = field(0.5, "client SGD momentum", ge=0, lt=1)
+  local_epochs: int = field(1, "local epochs E", ge=1)
+  batch_size: int = field(10, "local minibatch size B", ge=1)
   proto_weighting: str = field("count", "count or uniform (the code)",
       choices=prototypes.WEIGHTINGS)
   eval_epochs: int | None = field(None, "a held-out client's epochs on its "
-      "support set (default: local_epochs)")
+      "support set (default: local_epochs)", ge=0)
   predict: str = field("global", "global: the nearest global prototype, "
       "over all classes (as every method here); local: the nearest of the "
       "client's own prototypes, among its classes (the public code)",
       choices=PREDICTIONS)
-
-  def __post_init__(self):
-    if not (self.temperature > 0 and self.lr > 0 and
-            0 <= self.momentum < 1):
-      raise ValueError("need temperature > 0, lr > 0, 0 <= momentum < 1; "
-                       f"got {self.temperature}, {self.lr}, {self.momentum}")
-    if self.local_epochs < 1 or self.batch_size < 1:
-      raise ValueError("local_epochs and batch_size must be >= 1")
-    if self.eval_epochs is not None and self.eval_epochs < 0:
-      raise ValueError(f"eval_epochs must be >= 0, got {self.eval_epochs}")
-    if self.predict not in PREDICTIONS:
-      raise ValueError(f"predict must be one of {PREDICTIONS}, got "
-                       f"{self.predict!r}")
-    if self.proto_weighting not in prototypes.WEIGHTINGS:
-      raise ValueError(f"proto_weighting must be one of "
-                       f"{prototypes.WEIGHTINGS}, got {self.proto_weighting!r}")
 
 
 # The state and its initialisation are the shared prototype ones.
