@@ -23,7 +23,7 @@ from absl import flags
 from absl import logging
 import jax
 
-from augfl_jax import data, training
+from augfl_jax import algorithms, data, training
 from augfl_jax.core import fields
 from augfl_jax.training import presets
 from experiments import flag_help
@@ -38,7 +38,7 @@ def define_config_flags(only: tuple[str, ...] | None = None,
   """Defines one flag per leaf field of ``RunConfig`` in ``flag_values``
   (each once); ``only``: just the fields of these dotted names
   (``experiments.pretrain_pm``)."""
-  for name, f, owner, value in fields.walk(training.RunConfig()):
+  for name, f, owner, value in fields.walk(training.config.config_class()()):
     if name in flag_values or (only is not None and name not in only):
       continue
     kind = fields.leaf_type(owner, f.name)
@@ -79,7 +79,8 @@ def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
                     "change from the checkpoint's, after a non-finite "
                     "round; each change is logged and recorded in "
                     "changes.jsonl (any of: "
-                    + ", ".join(training.resume_changes(training.RunConfig())) + "; augfl.lam "
+                    + ", ".join(training.resume_changes(
+                        training.config.config_class()())) + "; augfl.lam "
                     "not to or from 0)")
   flags.DEFINE_bool("compilation_cache", True, "keep compiled programs in "
                     "JAX's persistent cache (--compilation_cache_dir) so "
@@ -93,7 +94,7 @@ def config_from_flags(flag_values: flags.FlagValues = FLAGS
                      ) -> training.RunConfig:
   """The ``RunConfig`` the flags describe (not yet resolved); a field
   without a flag keeps its default."""
-  config = training.RunConfig()
+  config = training.config.config_class()()
   changes = {}
   for name, _, owner, value in fields.walk(config):
     if name not in flag_values:
@@ -206,8 +207,10 @@ def renamed_to(old: str, flag_values: flags.FlagValues = FLAGS
   ``per_fedavg.alpha``, ``fedbc.alpha``, ``eval.alpha``)."""
   if old in RENAMED:
     return [n for n in RENAMED[old] if n in flag_values]
-  algorithm_sections = set(training.config.SECTIONS.values())
-  names = [name for name, *_ in fields.walk(training.RunConfig())
+  config = training.config.config_class()()
+  algorithm_sections = {training.config.section_name(config, algorithm)
+                        for algorithm in algorithms.REGISTRY}
+  names = [name for name, *_ in fields.walk(config)
            if "." in name and name.rpartition(".")[2] == old
            and name in flag_values]
   return sorted(names, key=lambda n: n.partition(".")[0]
@@ -261,7 +264,7 @@ def unread_flags_warning(config: training.RunConfig,
   reasons = {"pm": "the run has no PM",
              "crd": "the run has no CRD regulariser"}
   own = (f"--algorithm={config.algorithm} reads "
-         f"--{training.config.SECTIONS[config.algorithm]}.*")
+         f"--{training.config.section_name(config)}.*")
   given = {}  # reason -> flags
   for name, *_ in fields.walk(config):
     section = name.partition(".")[0]

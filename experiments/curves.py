@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from augfl_jax.core import fields
-from augfl_jax import training
+from augfl_jax import algorithms, training
 
 # Fields that may differ between repeats of one configuration (matched on a
 # key's last dotted part): the seed, and run control or implementation
@@ -100,24 +100,36 @@ def load_run(run_dir: str) -> tuple[dict[str, Any], list[dict]]:
   return flatten(_read_sections(config)), records
 
 
-# Sections a run may not read: the algorithms' own, the PM's and CRD's.
-OPTIONAL_SECTIONS = frozenset(training.config.SECTIONS.values()) | {"pm",
-                                                                     "crd"}
+def _optional_sections() -> frozenset[str]:
+  """The sections a run may not read: the algorithms' own, the PM's and
+  CRD's."""
+  default = training.config.config_class()()
+  return frozenset(training.config.section_name(default, algorithm)
+                   for algorithm in algorithms.REGISTRY) | {"pm", "crd"}
 
 
 def _read_sections(config: dict[str, Any]) -> dict[str, Any]:
   """``config`` without the sections its run never read
   (``training.presets.unread_sections``: other algorithms', and ``pm`` and
-  ``crd`` without a PM), so that they neither label nor fold a curve."""
-  if config.get("algorithm") not in training.config.SECTIONS:
+  ``crd`` without a PM), so that they neither label nor fold a curve. What
+  decides it is the algorithm, its own section and the regulariser; a
+  config whose section this version cannot read keeps every section."""
+  algorithm = config.get("algorithm")
+  if algorithm not in algorithms.REGISTRY:
     return config
-  role_fields = {"algorithm": config["algorithm"]}  # what decides the PM
-  if isinstance(config.get("augfl"), dict) and "lam" in config["augfl"]:
-    role_fields["augfl.lam"] = float(config["augfl"]["lam"])
+  default = training.config.config_class()()
+  section = training.config.section_name(default, algorithm)
+  own = config.get(section) if isinstance(config.get(section), dict) else {}
+  known = {f.name for f in dataclasses.fields(getattr(default, section))}
+  decides = {"algorithm": algorithm,
+             section: {k: v for k, v in own.items() if k in known}}
   if "regularizer" in config:
-    role_fields["regularizer"] = config["regularizer"]
-  unread = training.presets.unread_sections(
-      fields.replace(training.RunConfig(), **role_fields))
+    decides["regularizer"] = config["regularizer"]
+  try:
+    unread = training.presets.unread_sections(
+        fields.from_dict(default, decides))
+  except (ValueError, TypeError):
+    return config
   return {k: v for k, v in config.items() if k not in unread}
 
 
@@ -163,11 +175,11 @@ def _differing(configs: list[dict], keys: Iterable[str]) -> list[str]:
   keys with the same values (``lam`` for ``lam``, ``algorithm_config.lam``);
   the algorithm first. A field of a section that some runs never read
   (:func:`_read_sections`) differs only between the runs that have it."""
-  columns = {}
+  columns, optional = {}, _optional_sections()
   for key in sorted(keys, key=lambda k: (k.count("."), len(k), k)):
     column = tuple(_ident(c.get(key)) for c in configs)
     values = set(column) - ({_ident(None)} if key.split(".")[0] in
-                            OPTIONAL_SECTIONS else set())
+                            optional else set())
     if len(values) > 1:
       columns.setdefault(column, key)
   return sorted(columns.values(), key=lambda k: (k != ALGORITHM, k))

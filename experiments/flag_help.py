@@ -21,7 +21,7 @@ from typing import Any
 from absl import flags
 
 from augfl_jax.core import fields
-from augfl_jax import training
+from augfl_jax import algorithms, training
 
 COMMON = ("dataset", "algorithm", "rounds", "seed", "output_dir")
 RUN_CONTROL = ("output_dir", "checkpoint_every", "resume", "overwrite",
@@ -75,7 +75,7 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False
           ) -> list[tuple[str, list[str]]]:
   """``[(title, flag names)]`` in the order ``--help`` prints them; empty
   groups left out, every flag of the commands in one group."""
-  config = training.RunConfig()
+  config = training.config.config_class()()
   names = [name for name, *_ in fields.walk(config)]
   by_module = flag_values.flags_by_module_dict()
   own_modules = _own_modules(by_module)
@@ -85,8 +85,9 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False
     head = name.partition(".")[0] if "." in name else ""
     sections.setdefault(head, []).append(name)
   readers = {}
-  for algorithm, section in training.config.SECTIONS.items():
-    readers.setdefault(section, []).append(algorithm)
+  for algorithm in algorithms.REGISTRY:
+    readers.setdefault(training.config.section_name(config, algorithm),
+                       []).append(algorithm)
   section_help = {f.name: fields.help_text(f)
                   for f in dataclasses.fields(config)}
   out = [

@@ -54,7 +54,7 @@ from absl import flags
 import numpy as np
 
 from augfl_jax.core import fields
-from augfl_jax import training
+from augfl_jax import algorithms, training
 from augfl_jax.data import rotated
 from experiments import cli as run_flags
 from experiments import sweep
@@ -62,8 +62,9 @@ from experiments.ood_domains import (Protocol, check_protocol, domains,
                                      held_out_indices, leave_out,
                                      personal_accuracy)
 
-# The compared methods: (column, RunConfig fields, defaults of the fields
-# left at their RunConfig default). FedIT and FedOA train LoRA adapters at lr
+# The compared methods: (RunConfig fields, defaults of the fields left at
+# their RunConfig default); a column's label is its algorithm's
+# (``method_label``). FedIT and FedOA train LoRA adapters at lr
 # 0.02: at the library's 0.05, FedOA's personal adapters diverged on these
 # 100-example clients (digits, batch norm). FedIT's test clients adapt the
 # global adapter with steps of 0.03 (the paper's alpha; also eval.alpha's
@@ -71,13 +72,11 @@ from experiments.ood_domains import (Protocol, check_protocol, domains,
 # tuned for the mlp client model, dropped FedIT from 74% to 26% (digits,
 # batch norm, 45 degrees held out, seed 0, 20 rounds).
 METHODS = {
-    "fedoa": ("FedOA", {"algorithm": "fedoa"}, {"fedoa.lr": 0.02}),
-    "fedit": ("FedIT", {"algorithm": "fedit"}, {"fedit.lr": 0.02,
-                                                "eval.alpha": 0.03}),
-    "fedavg": ("FedAvg", {"algorithm": "fedavg"}, {}),
-    "augfl": ("AugFL w/ PM", {"algorithm": "augfl", "augfl.lam": 5.0}, {}),
-    "augfl_wo_pm": ("AugFL w/o PM", {"algorithm": "augfl",
-                                     "augfl.lam": 0.0}, {}),
+    "fedoa": ({"algorithm": "fedoa"}, {"fedoa.lr": 0.02}),
+    "fedit": ({"algorithm": "fedit"}, {"fedit.lr": 0.02, "eval.alpha": 0.03}),
+    "fedavg": ({"algorithm": "fedavg"}, {}),
+    "augfl": ({"algorithm": "augfl", "augfl.lam": 5.0}, {}),
+    "augfl_wo_pm": ({"algorithm": "augfl", "augfl.lam": 0.0}, {}),
 }
 DEFAULT_METHODS = ("fedoa", "fedit", "fedavg", "augfl")
 PERSONAL = "FedOA (personal)"
@@ -87,10 +86,18 @@ FLAGS = flags.FLAGS
 def method_cell(base: training.RunConfig, method: str) -> sweep.Cell:
   """``method``'s dotted RunConfig fields: its own, and its defaults of the
   fields that ``base`` leaves at their ``RunConfig`` default."""
-  _, own, defaults = METHODS[method]
-  default = training.RunConfig()
+  own, defaults = METHODS[method]
+  default = type(base)()
   return {**{k: v for k, v in defaults.items()
              if fields.get(base, k) == fields.get(default, k)}, **own}
+
+
+def method_label(method: str) -> str:
+  """The column of ``method``: its algorithm's label for its fields."""
+  config = fields.replace(training.config.config_class()(),
+                          **METHODS[method][0])
+  return algorithms.spec(config.algorithm).label_of(
+      training.config.algorithm_config(config))
 
 
 def run_ood(base: training.RunConfig, datasets: Sequence[str],
@@ -176,7 +183,7 @@ def write_tables(rows: list[dict[str, Any]], datasets: Sequence[str],
     writer = csv.DictWriter(f, fieldnames=columns_csv, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-  columns = [(m, "final_accuracy", METHODS[m][0]) for m in methods]
+  columns = [(m, "final_accuracy", method_label(m)) for m in methods]
   if "fedoa" in methods:
     columns.append(("fedoa", "personal_accuracy", PERSONAL))
   seeds = sorted({r["seed"] for r in rows})

@@ -82,7 +82,7 @@ def parse_grid(text: str) -> list[Cell]:
   """``"augfl.rho=0.7,0.2;algorithm=augfl"`` -> ``[{"augfl.rho": 0.7,
   "algorithm": "augfl"}, {"augfl.rho": 0.2, "algorithm": "augfl"}]``, each
   value typed by its field (``fields.leaf_type``)."""
-  default = training.RunConfig()
+  default = training.config.config_class()()
   leaves = {name: owner for name, _, owner, _ in fields.walk(default)}
   axes = []
   for part in filter(None, (p.strip() for p in text.split(";"))):
@@ -119,14 +119,14 @@ def finished_run(run_dir: str, config: training.RunConfig
       out.file("summary.json")):
     return None  # the run decides: a fresh run, or a refused directory
   try:
-    saved = fields.from_dict(training.RunConfig, out.read_json("config.json"))
+    saved = fields.from_dict(type(config), out.read_json("config.json"))
   except (ValueError, TypeError, AttributeError) as e:
     raise ValueError(f"{run_dir} holds a run whose config.json does not "
                      f"read as a RunConfig ({e}); choose another "
                      "--output_dir or remove that run") from None
   config = training.validate(config)
   diff = fields.diff(saved, config, training.resumable_fields(config) +
-                     training.config.unused_sections(config.algorithm))
+                     training.config.unused_sections(config))
   if diff:
     raise ValueError(f"{run_dir} holds a run of another configuration "
                      f"({'; '.join(diff)}); choose another --output_dir or "

@@ -57,30 +57,46 @@ from absl import flags
 import numpy as np
 
 from augfl_jax.core import fields, intervals
-from augfl_jax import training
+from augfl_jax import algorithms, training
 from experiments import cli as run_flags
 from experiments import curves, scores, sweep
 
-# Table II's columns, then the two other methods of this library.
-METHODS = {
-    "fedavg": ("FedAvg", {"algorithm": "fedavg"}),
+# Table II's columns, then the two other methods of this library: the
+# default --methods. A method is a registered algorithm (its label from its
+# spec) or one of VARIANTS.
+COLUMNS = ("fedavg", "fedavg_code", "per_fedavg", "fedproto", "fedcp",
+           "fedlp", "fedpcl", "augfl_wo_pm", "augfl", "fedbc", "fedoa")
+# Table variants of a registered algorithm: (label, or None for its spec's
+# label of the variant's configuration; the variant's fields). "augfl"
+# itself runs at lam as the run's flags set it: the preset's 5.0, or a flag
+# file's.
+VARIANTS = {
     # FedAvg as the authors' code runs it (``Client.train_avg``): the support
     # set only, one full batch, at lr alpha.
     "fedavg_code": ("FedAvg (authors' code)",
                     {"algorithm": "fedavg", "fedavg.train_on": "support",
                      "fedavg.batch_size": 1000, "fedavg.lr": 0.03}),
-    "per_fedavg": ("Per-FedAvg", {"algorithm": "per_fedavg"}),
-    "fedproto": ("FedProto", {"algorithm": "fedproto"}),
-    "fedcp": ("FedCP", {"algorithm": "fedcp"}),
-    "fedlp": ("FedLP", {"algorithm": "fedlp"}),
-    "fedpcl": ("FedPCL", {"algorithm": "fedpcl"}),
-    "augfl_wo_pm": ("AugFL w/o PM", {"algorithm": "augfl",
-                                     "augfl.lam": 0.0}),
-    # lam as the run's flags set it: the preset's 5.0, or a flag file's.
-    "augfl": ("AugFL w/ PM", {"algorithm": "augfl"}),
-    "fedbc": ("FedBC", {"algorithm": "fedbc"}),
-    "fedoa": ("FedOA", {"algorithm": "fedoa"}),
+    "augfl_wo_pm": (None, {"algorithm": "augfl", "augfl.lam": 0.0}),
 }
+
+
+def methods_known() -> tuple[str, ...]:
+  """What ``--methods`` accepts: the variants and every registered
+  algorithm."""
+  return tuple(VARIANTS) + tuple(algorithms.REGISTRY)
+
+
+def method_cell(method: str) -> dict[str, Any]:
+  """The dotted fields a method's runs set."""
+  return VARIANTS[method][1] if method in VARIANTS else {"algorithm": method}
+
+
+def method_label(method: str, config: training.RunConfig) -> str:
+  """A method's name in the table (its resolved ``config``)."""
+  label = VARIANTS.get(method, (None,))[0]
+  return label or algorithms.spec(config.algorithm).label_of(
+      training.config.algorithm_config(config))
+
 
 # The paper's Table II (mean ± std of 5 runs, M = 20; SPEC §6).
 PAPER_TABLE2 = {
@@ -123,15 +139,15 @@ def define_flags() -> None:
   flags.DEFINE_bool("finished_only", False, "run nothing: tabulate the "
                     "runs already finished under --output_dir, naming the "
                     "(method, seed) cells without one")
-  flags.DEFINE_list("methods", list(METHODS), "methods (columns): " +
-                    ", ".join(METHODS))
+  flags.DEFINE_list("methods", list(COLUMNS), "methods (columns): " +
+                    ", ".join(methods_known()))
   sweep.define_seeds_flag()
 
 
 def _method_fields(config: training.RunConfig) -> str:
   """The method's own section (its hyper-parameters), and its evaluation
   step."""
-  section = training.config.SECTIONS[config.algorithm]
+  section = training.config.section_name(config)
   own = ", ".join(f"{name.partition('.')[2]}={value}" for name, _, _, value
                   in fields.walk(config) if name.startswith(section + "."))
   return f"{section}: {own}; eval.alpha={config.eval.alpha}"
@@ -193,7 +209,7 @@ def write_table(runs: list[scores.RunScore], dataset: str,
                f"{name}={fields.get(first, name)}"
                for name in SHARED_FIELDS) + ".", "",
            "Each method's own hyper-parameters:", ""]
-  lines += [f"* {METHODS[m][0]}: {_method_fields(configs[m])}"
+  lines += [f"* {method_label(m, configs[m])}: {_method_fields(configs[m])}"
             for m in methods]
   lines += ["", f"Scored on: {scored_on}. Beside them, the protocol's own "
             f"held-out clients ({'/'.join(map(str, heldout_n))} a run).", "",
@@ -216,14 +232,16 @@ def write_table(runs: list[scores.RunScore], dataset: str,
     diff = (scores.paired(runs, m, reference, test_split)[1]
             if reference and m != reference else None)
     n = sum(r.method == m for r in runs)
-    lines.append(f"| {METHODS[m][0]} | {_pct(acc)} | {_pct(diff)} | "
+    lines.append(f"| {method_label(m, configs[m])} | {_pct(acc)} | "
+                 f"{_pct(diff)} | "
                  f"{_pct(held)} | {n} | {paper.get(m, '–')} |")
     rows.append(_csv_row(m, "all", first.rounds, acc, diff, held, "", "",
                          where, "seeds"))
   missing = {m: [str(seed) for seed in requested_seeds or ()
                  if not any(r.method == m and r.seed == seed for r in runs)]
              for m in methods}
-  lacking = [f"{METHODS[m][0]} seed{'s' * (len(ss) > 1)} {', '.join(ss)}"
+  lacking = [f"{method_label(m, configs[m])} seed{'s' * (len(ss) > 1)} "
+             f"{', '.join(ss)}"
              for m, ss in missing.items() if ss]
   if lacking:
     lines += ["", f"Not in the table (no finished run): {'; '.join(lacking)}."]
@@ -251,7 +269,8 @@ def write_table(runs: list[scores.RunScore], dataset: str,
     diff = (r.headline(test_split).minus(same.headline(test_split))
             if same is not None and r.method != reference else None)
     acc, held = r.headline(test_split).interval, r.heldout.interval
-    lines.append(f"| {METHODS[r.method][0]} | {r.seed} | {_pct(acc)} | "
+    lines.append(f"| {method_label(r.method, configs[r.method])} | "
+                 f"{r.seed} | {_pct(acc)} | "
                  f"{_pct(diff)} | {_pct(held)} | {100 * r.best_heldout:.2f}"
                  f" | {r.rounds} | {r.seconds:.0f} |")
     rows.append(_csv_row(r.method, str(r.seed), r.rounds, acc, diff, held,
@@ -276,7 +295,7 @@ def _table_key(configs: dict[str, training.RunConfig], seeds: list[int]
       next(iter(configs.values())))) - {"rounds"}
   cells = {}
   for method, config in configs.items():
-    unused = training.config.unused_sections(config.algorithm)
+    unused = training.config.unused_sections(config)
     flat = curves.flatten({k: v for k, v in fields.to_dict(config).items()
                            if k not in unused})
     cells[method] = {k: v for k, v in flat.items() if k not in skip}
@@ -337,7 +356,7 @@ def run_table(base: training.RunConfig, datasets: list[str],
     base: the configuration every cell starts from (its ``dataset`` is
       replaced by each of ``datasets``).
     datasets: the rows.
-    methods: the columns, keys of ``METHODS``.
+    methods: the columns (:func:`methods_known`).
     seeds: the seeds of every cell.
     out: the runs' directory.
     checkpoint_every: as ``training.run``'s.
@@ -356,16 +375,17 @@ def run_table(base: training.RunConfig, datasets: list[str],
       holding a run of another configuration, or a table of another
       configuration in ``results_dir`` (all before any run).
   """
-  unknown = [m for m in methods if m not in METHODS]
+  unknown = [m for m in methods if m not in methods_known()]
   if unknown:
     raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from "
-                     f"{', '.join(METHODS)}")
-  cells = [METHODS[m][1] for m in methods]
+                     f"{', '.join(methods_known())}")
+  cells = [method_cell(m) for m in methods]
   configs, keys = {}, {}  # every cell's flags, before any run
   for dataset in datasets:
     configs[dataset] = {m: training.validate(fields.replace(
         base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
-    if "augfl" in methods and not configs[dataset]["augfl"].augfl.lam > 0:
+    if "augfl" in methods and training.presets.pm_role(
+        configs[dataset]["augfl"]) == "none":
       raise ValueError("AugFL w/ PM needs --augfl.lam > 0, got "
                        f"{configs[dataset]['augfl'].augfl.lam} (AugFL w/o PM "
                        "is augfl_wo_pm)")

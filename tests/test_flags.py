@@ -11,7 +11,7 @@ import pytest
 from absl import flags
 
 from augfl_jax.core import fields
-from augfl_jax import training
+from augfl_jax import algorithms, training
 from augfl_jax.training import presets
 from experiments import flag_help
 from experiments import cli as run_flags
@@ -195,13 +195,14 @@ def test_flags_of_sections_the_run_does_not_read_are_named(run_flag_values):
   assert warning("--algorithm=kt_only", "--augfl.rho=0.5") is None
 
 
-@pytest.mark.parametrize("algorithm", sorted(training.config.SECTIONS))
+@pytest.mark.parametrize("algorithm", sorted(algorithms.REGISTRY))
 def test_unread_sections_follow_the_pm_role(algorithm):
   config = training.validate(training.RunConfig(algorithm=algorithm))
   unread = presets.unread_sections(config)
-  own = training.config.SECTIONS[algorithm]
+  own = training.config.section_name(config)
   assert own not in unread and {"data", "eval"}.isdisjoint(unread)
-  assert set(training.config.SECTIONS.values()) - {own} <= set(unread)
+  assert {training.config.section_name(config, name)
+          for name in algorithms.REGISTRY} - {own} <= set(unread)
   role = presets.pm_role(config)
   assert ("pm" in unread) == (role == "none")
   assert ("crd" in unread) == (role != "regularizer")

@@ -24,7 +24,7 @@ def pm_root(tmp_path_factory):
 
 @pytest.mark.parametrize("dataset", [
     pytest.param("digits", marks=pytest.mark.slow), "synthetic"])
-@pytest.mark.parametrize("algorithm", algorithms.ALGORITHMS)
+@pytest.mark.parametrize("algorithm", tuple(algorithms.REGISTRY))
 def test_every_algorithm_runs_on_the_embedded_datasets(tmp_path, pm_root,
                                                        dataset, algorithm):
   """Two rounds with the dataset's defaults (on synthetic, the methods with

@@ -4,15 +4,17 @@ declared once in its own module; ``algorithms.build`` dispatches through it."""
 import ast
 import dataclasses
 import inspect
+import os
 
 import jax
 import pytest
 
-from augfl_jax import algorithms, models
+from augfl_jax import algorithms, models, training
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax.algorithms import base, fedavg
 from augfl_jax.algorithms.fedbc import round as fedbc
 from augfl_jax.algorithms.fedpcl import round as fedpcl
+from augfl_jax.core import fields
 
 # The roles of the paper's methods (see base.PM_ROLES).
 ROLES = {
@@ -24,30 +26,83 @@ ROLES = {
 }
 
 
+# The labels of the paper's methods in tables and plots.
+LABELS = {"augfl": "AugFL w/ PM", "kt_only": "KT-only", "fedavg": "FedAvg",
+          "fedlp": "FedLP", "per_fedavg": "Per-FedAvg", "fedbc": "FedBC",
+          "per_fedbc": "Per-FedBC", "fedproto": "FedProto",
+          "fedpcl": "FedPCL", "fedcp": "FedCP", "fedit": "FedIT",
+          "fedoa": "FedOA"}
+
+
 def test_registry_covers_every_algorithm_with_a_valid_role():
-  assert isinstance(algorithms.REGISTRY, dict)
   assert set(algorithms.REGISTRY) == set(ROLES)
-  assert algorithms.ALGORITHMS == tuple(algorithms.REGISTRY)
   for name, spec in algorithms.REGISTRY.items():
     assert isinstance(spec, base.AlgorithmSpec) and spec.name == name
     assert spec.pm_role in base.PM_ROLES and spec.pm_role == ROLES[name]
-    assert dataclasses.is_dataclass(spec.config_class)
-    assert spec.config_class.__dataclass_params__.frozen
-    spec.config_class()  # the defaults are valid
-    assert set(inspect.signature(spec.build).parameters) >= {
-        "model", "config", "strategy", "eval_alpha", "eval_steps", "pm"}
-  for role in base.PM_ROLES:
-    assert algorithms.names_with_role(role) == tuple(
-        n for n in algorithms.ALGORITHMS if ROLES[n] == role)
-  assert algorithms.USES_REGULARIZER == ("augfl", "kt_only")
-  assert algorithms.PM_BACKBONE == ("fedit", "fedoa")
-  assert algorithms.CONFIGS["per_fedbc"] is fedbc.FedBCConfig
-  assert algorithms.CONFIGS["fedlp"] is fedavg.FedAvgConfig
-  assert algorithms.CONFIGS["kt_only"] is augfl.AugFLConfig
-  with pytest.raises(ValueError, match="unknown PM role"):
-    algorithms.names_with_role("teacher")
+  assert algorithms.REGISTRY["per_fedbc"].config_class is fedbc.FedBCConfig
+  assert algorithms.REGISTRY["fedlp"].config_class is fedavg.FedAvgConfig
+  assert algorithms.REGISTRY["kt_only"].config_class is augfl.AugFLConfig
   with pytest.raises(ValueError, match="pm_role"):
-    base.AlgorithmSpec("x", fedavg.FedAvgConfig, "teacher", fedavg.fedavg)
+    base.AlgorithmSpec("x", fedavg.FedAvgConfig, "teacher", fedavg.fedavg,
+                       label="X")
+  with pytest.raises(ValueError, match="label"):
+    base.AlgorithmSpec("x", fedavg.FedAvgConfig, "none", fedavg.fedavg,
+                       label="")
+  with pytest.raises(TypeError):  # a label is required
+    base.AlgorithmSpec("x", fedavg.FedAvgConfig, "none", fedavg.fedavg)  # pylint: disable=no-value-for-parameter
+
+
+@pytest.mark.parametrize("name", sorted(algorithms.REGISTRY))
+def test_each_spec_states_every_fact_a_runner_needs(name):
+  """A registered method lacking one of them fails here: its config is a
+  checked frozen dataclass with a RunConfig section, its build takes the
+  runner's arguments, and its label, PM use and adaptation step answer for
+  its default configuration."""
+  spec = algorithms.REGISTRY[name]
+  assert dataclasses.is_dataclass(spec.config_class)
+  assert spec.config_class.__dataclass_params__.frozen
+  assert issubclass(spec.config_class, fields.Config)  # rules checked
+  config = training.RunConfig(algorithm=name)
+  section = training.config.algorithm_config(config)
+  assert type(section) is spec.config_class  # pylint: disable=unidiomatic-typecheck
+  assert set(inspect.signature(spec.build).parameters) >= {
+      "model", "config", "strategy", "eval_alpha", "eval_steps", "pm"}
+  assert spec.label_of(section) == LABELS[name]
+  assert spec.active_role(section, "crd") == spec.pm_role
+  alpha = spec.eval_alpha(section) if spec.eval_alpha else None
+  assert alpha == {"augfl": 0.03, "kt_only": 0.03, "per_fedavg": 0.03,
+                   "per_fedbc": 0.03}.get(name)
+
+
+def test_augfl_without_its_weight_or_regulariser_has_no_pm():
+  spec = algorithms.REGISTRY["augfl"]
+  assert spec.active_role(augfl.AugFLConfig(lam=0.0)) == "none"
+  assert spec.active_role(augfl.AugFLConfig(lam=5.0), "none") == "none"
+  assert spec.active_role(augfl.AugFLConfig(lam=5.0), "l2") == "regularizer"
+  assert spec.label_of(augfl.AugFLConfig(lam=0.0)) == "AugFL w/o PM"
+
+
+def test_every_config_class_has_one_run_config_section():
+  sections = {name: training.config.section_name(training.RunConfig(), name)
+              for name in algorithms.REGISTRY}
+  by_class = {}
+  for name, section in sections.items():
+    by_class.setdefault(algorithms.REGISTRY[name].config_class,
+                        set()).add(section)
+  assert all(len(s) == 1 for s in by_class.values())
+  assert len(set(sections.values())) == len(by_class)
+
+
+def test_register_adds_a_method_and_refuses_a_taken_name():
+  spec = algorithms.REGISTRY["fedavg"]
+  assert algorithms.register(spec) is spec  # the same spec: no change
+  twin = dataclasses.replace(spec, label="FedAvg again")
+  with pytest.raises(ValueError, match="'fedavg' is registered already"):
+    algorithms.register(twin)
+  with pytest.raises(TypeError, match="AlgorithmSpec"):
+    algorithms.register("fedavg")
+  with pytest.raises(TypeError):
+    algorithms.REGISTRY["x"] = spec  # read-only; register() adds
 
 
 def test_the_package_init_names_no_algorithm():
@@ -58,29 +113,24 @@ def test_the_package_init_names_no_algorithm():
                 if isinstance(node, ast.Expr)}
   strings = {node.value for node in ast.walk(init)
              if isinstance(node, ast.Constant) and id(node) not in docstrings}
-  assert not strings & set(algorithms.ALGORITHMS)
+  assert not strings & set(algorithms.REGISTRY)
 
 
-@pytest.mark.parametrize("module", algorithms.MODULES,
-                         ids=lambda m: m.__name__.rsplit(".", 1)[-1])
-def test_each_module_declares_its_roles_once(module):
-  """One module-level ``*PM_ROLE = "..."`` per role the module uses, and its
-  specs take their roles from those constants (FedAvg's module holds FedAvg
-  and FedLP: two roles)."""
-  tree = ast.parse(inspect.getsource(module))
-  declared = {}
-  for node in tree.body:
-    if isinstance(node, ast.Assign):
-      for target in node.targets:
-        if isinstance(target, ast.Name) and target.id.endswith("PM_ROLE"):
-          assert target.id not in declared, f"{target.id} declared twice"
-          declared[target.id] = ast.literal_eval(node.value)
-  assert "PM_ROLE" in declared
-  assert len(set(declared.values())) == len(declared)
-  for spec in module.SPECS:
-    assert spec.pm_role in declared.values()
-    assert spec.name in algorithms.REGISTRY
-    assert algorithms.REGISTRY[spec.name] is spec
+def test_training_names_no_algorithm():
+  """``training/`` names no algorithm (docstrings aside) but the default
+  of ``--algorithm``: what it knows of one comes from its spec."""
+  root = os.path.dirname(training.__file__)
+  named = []
+  for path in sorted(os.listdir(root)):
+    if not path.endswith(".py"):
+      continue
+    tree = ast.parse(open(os.path.join(root, path)).read())
+    docstrings = {id(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Expr)}
+    named += [(path, node.value) for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and id(node) not in docstrings
+              and node.value in algorithms.REGISTRY]
+  assert named == [("config.py", training.RunConfig().algorithm)]
 
 
 def _mlp():

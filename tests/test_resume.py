@@ -359,7 +359,7 @@ def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
 
 # Every registered algorithm; FedIT/FedOA/FedPCL adapt or encode with the
 # PM (here an mlp) and are as quick as the rest on digits.
-PARTIAL = {name: {} for name in algorithms.ALGORITHMS}
+PARTIAL = {name: {} for name in algorithms.REGISTRY}
 PARTIAL["augfl"] = {"augfl.lam": 0.0}
 for _name in ("kt_only", "fedpcl", "fedit", "fedoa"):
   PARTIAL[_name] = dict(PM_RUN)

@@ -1,11 +1,13 @@
 """Federated algorithms behind one interface, for runners and comparisons.
 
-Each algorithm module exports a config dataclass, pure functions
-(``init_state``, ``make_round``, ...), its PM role (``PM_ROLE``, see
-``base.PM_ROLES``) and a constructor returning a ``FederatedAlgorithm``;
-``REGISTRY`` maps every name to its ``AlgorithmSpec``::
+Each method's module (a package where it has several) exports a config
+dataclass, pure functions (``init_state``, ``make_round``, ...), a
+constructor returning a ``FederatedAlgorithm`` and ``SPECS``, its
+``AlgorithmSpec`` entries: name, label, config class, PM role, and the
+facts a runner needs (``base.AlgorithmSpec``). ``REGISTRY`` maps every name
+to its spec; ``register`` adds a method of the user's own::
 
-  spec = REGISTRY["fedavg"]          # name, config_class, pm_role, build
+  spec = REGISTRY["fedavg"]          # name, config_class, pm_role, build, ...
   algo = spec.build(model, FedAvgConfig(), strategy="vmap",
                     eval_alpha=0.03, eval_steps=1)
   state = algo.init(params, num_clients, key)
@@ -18,52 +20,72 @@ Each algorithm module exports a config dataclass, pure functions
 Evaluation rule (one for every method): a held-out client personalises the
 trained state with its support set by the method's own procedure and is
 scored on its query set. For methods that produce one global model, that
-procedure is fast adaptation (``augfl_jax.core.evaluation``: ``eval_steps`` SGD
-steps of size ``eval_alpha``).
+procedure is fast adaptation (``augfl_jax.core.evaluation``:
+``eval_steps`` SGD steps of size ``eval_alpha``).
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
 
-from augfl_jax.core import client_axis as clients_lib
-from augfl_jax.algorithms.augfl import pm_aided as augfl_pm
-from augfl_jax.algorithms import fedavg, fedit, fedproto, per_fedavg
-from augfl_jax.algorithms.fedbc import round as fedbc
-from augfl_jax.algorithms.fedcp import round as fedcp
-from augfl_jax.algorithms.fedoa import round as fedoa
-from augfl_jax.algorithms.fedpcl import round as fedpcl
-from augfl_jax.algorithms.base import (PM_ROLES, AlgorithmSpec,
-                                       FederatedAlgorithm, Regularizer)
+from augfl_jax.algorithms import (augfl, fedavg, fedbc, fedcp, fedit, fedoa,
+                                  fedpcl, fedproto, per_fedavg)
+from augfl_jax.algorithms.base import (CLIENT_SIZE_ROLES, PM_ROLES,
+                                       AlgorithmSpec, FederatedAlgorithm,
+                                       Regularizer)
+from augfl_jax.core import client_axis
 
-MODULES = (augfl_pm, fedavg, per_fedavg, fedbc, fedproto, fedpcl, fedcp,
-           fedit, fedoa)
-REGISTRY: Mapping[str, AlgorithmSpec] = {
-    spec.name: spec for module in MODULES for spec in module.SPECS}
-ALGORITHMS = tuple(REGISTRY)
+__all__ = ["AlgorithmSpec", "CLIENT_SIZE_ROLES", "FederatedAlgorithm",
+           "MODULES", "PM_ROLES", "REGISTRY", "Regularizer", "build",
+           "register", "spec"]
 
-
-def names_with_role(role: str) -> tuple[str, ...]:
-  """The registered algorithms whose PM role is ``role`` (``PM_ROLES``)."""
-  if role not in PM_ROLES:
-    raise ValueError(f"unknown PM role {role!r}; choose one of {PM_ROLES}")
-  return tuple(name for name, spec in REGISTRY.items()
-               if spec.pm_role == role)
+# The library's methods, in the order of the registry (and of --help).
+MODULES = (augfl, fedavg, per_fedavg, fedbc, fedproto, fedpcl, fedcp, fedit,
+           fedoa)
+_REGISTRY: dict[str, AlgorithmSpec] = {}
+# name -> AlgorithmSpec, read-only: ``register`` adds to it.
+REGISTRY: Mapping[str, AlgorithmSpec] = types.MappingProxyType(_REGISTRY)
 
 
-# Derived views of REGISTRY, for users who ask by role.
-CONFIGS = {name: spec.config_class for name, spec in REGISTRY.items()}
-USES_REGULARIZER = names_with_role("regularizer")
-STARTS_PRETRAINED = names_with_role("initialization")
-NEEDS_ENCODER = names_with_role("encoder")
-PM_BACKBONE = names_with_role("backbone")
+def register(spec_: AlgorithmSpec) -> AlgorithmSpec:
+  """Adds a method to :data:`REGISTRY` (a user's, from their own module:
+  ``experiments.run --imports=my_module`` imports it first); registering
+  the same spec again changes nothing. Returns ``spec_``.
+
+  Raises:
+    TypeError: ``spec_`` is not an ``AlgorithmSpec``.
+    ValueError: its name is taken by another spec.
+  """
+  if not isinstance(spec_, AlgorithmSpec):
+    raise TypeError(f"register takes an AlgorithmSpec, got "
+                    f"{type(spec_).__name__}")
+  if _REGISTRY.get(spec_.name, spec_) is not spec_:
+    raise ValueError(f"algorithm {spec_.name!r} is registered already "
+                     f"({_REGISTRY[spec_.name].build.__module__}); choose "
+                     "another name")
+  _REGISTRY[spec_.name] = spec_
+  return spec_
+
+
+for _module in MODULES:
+  for _spec in _module.SPECS:
+    register(_spec)
+
+
+def spec(name: str) -> AlgorithmSpec:
+  """The spec called ``name``; ``ValueError`` naming the registered ones."""
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown algorithm {name!r}; choose one of "
+                     f"{', '.join(_REGISTRY)}")
+  return _REGISTRY[name]
 
 
 def build(name: str, model: nn.Module, config: Any, *,
-          strategy: str | clients_lib.ClientStrategy | None = None,
+          strategy: str | client_axis.ClientStrategy | None = None,
           eval_alpha: float = 0.03, eval_steps: int = 1,
           regularizer: Regularizer | None = None,
           encoder_apply: Callable[..., jax.Array] | None = None
@@ -71,12 +93,12 @@ def build(name: str, model: nn.Module, config: Any, *,
   """The ``FederatedAlgorithm`` called ``name`` for ``model`` with ``config``.
 
   Args:
-    name: one of ``ALGORITHMS``.
+    name: a name in ``REGISTRY``.
     model: the client model (FedPCL: the projector on the encoder's
       features; FedIT, FedOA: the PM).
     config: the algorithm's config (``REGISTRY[name].config_class``).
     strategy: how the client axis runs (None: the backend's
-      ``clients.default_strategy()``), for the round and the evaluation.
+      ``client_axis.default_strategy()``), for the round and the evaluation.
     eval_alpha, eval_steps: fast adaptation of held-out clients (methods
       with a global model).
     regularizer: PM role ``"regularizer"`` (AugFL, KT-only): the server's
@@ -84,20 +106,18 @@ def build(name: str, model: nn.Module, config: Any, *,
     encoder_apply: PM role ``"encoder"`` (FedPCL): the frozen pretrained
       encoder, ``(x, mask) -> features``.
   """
-  strategy = clients_lib.as_strategy(strategy)
-  if name not in REGISTRY:
-    raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
-  spec = REGISTRY[name]
-  if not isinstance(config, spec.config_class):
-    raise TypeError(f"{name} needs a {spec.config_class.__name__}, got "
+  strategy = client_axis.as_strategy(strategy)
+  spec_ = spec(name)
+  if not isinstance(config, spec_.config_class):
+    raise TypeError(f"{name} needs a {spec_.config_class.__name__}, got "
                     f"{type(config).__name__}")
-  if regularizer is not None and spec.pm_role != "regularizer":
+  if regularizer is not None and spec_.pm_role != "regularizer":
     raise ValueError(f"{name} takes no server regulariser")
-  if (encoder_apply is None) == (spec.pm_role == "encoder"):
+  if (encoder_apply is None) == (spec_.pm_role == "encoder"):
     need = "needs" if encoder_apply is None else "takes no"
     raise ValueError(f"{name} {need} encoder_apply (a frozen pretrained "
                      "encoder)")
   pm = {"regularizer": regularizer, "encoder": encoder_apply}.get(
-      spec.pm_role)
-  return spec.build(model, config, strategy=strategy, eval_alpha=eval_alpha,
-                    eval_steps=eval_steps, pm=pm)
+      spec_.pm_role)
+  return spec_.build(model, config, strategy=strategy, eval_alpha=eval_alpha,
+                     eval_steps=eval_steps, pm=pm)

@@ -1,5 +1,7 @@
 """What every algorithm module exports: a ``FederatedAlgorithm`` constructor
-and its ``AlgorithmSpec`` (name, config class, PM role).
+and its ``AlgorithmSpec``, which states once every fact a runner needs of
+the method (its name and label, config class, PM role, the configurations
+that leave the PM out, the held-out clients' adaptation step).
 
 PM roles (``PM_ROLES``), how an algorithm uses the server's pretrained model:
 
@@ -29,6 +31,11 @@ from augfl_jax import models
 from augfl_jax.core.types import ClientData, Params, PRNGKey
 
 PM_ROLES = ("none", "regularizer", "initialization", "encoder", "backbone")
+# The roles whose PM is a model of the client's architecture, pretrained on
+# the server split: FedLP starts from it; FedPCL's frozen encoder is it (the
+# paper: "a pretrained ResNet8x4 as the initial client model for FedLP and
+# FedPCL, while AugFL uses the same PM only on the server").
+CLIENT_SIZE_ROLES = ("initialization", "encoder")
 
 # (init_fn, grad_fn) of a server regulariser, see augfl_jax.transfer.
 Regularizer = tuple[Callable[..., Any], Callable[..., Any]]
@@ -49,6 +56,9 @@ class FederatedAlgorithm:
       clients), ``loss``, ``client_accuracy`` (``[C]``); see
       ``evaluation.summarise``.
     global_params: ``global_params(state) -> params`` of the global model.
+    traceable: ``round`` can be traced into a larger jitted program (a
+      runner fuses it with its checks); False for a round that runs a
+      Python loop of its own (the CRD server step with ``loop="python"``).
   """
 
   name: str
@@ -56,30 +66,60 @@ class FederatedAlgorithm:
   round: Callable[..., tuple[Any, dict[str, jax.Array]]]
   evaluate: Callable[[Any, ClientData], dict[str, jax.Array]]
   global_params: Callable[[Any], Params]
+  traceable: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
-  """A registry entry.
+  """A registry entry: everything a runner knows of a method.
 
   Attributes:
-    name: the registry name.
-    config_class: the algorithm's frozen config dataclass.
+    name: the registry name (``--algorithm``).
+    config_class: the algorithm's frozen config dataclass; a run reads it
+      from the ``RunConfig`` section of that type (``training.config``).
     pm_role: one of ``PM_ROLES``.
     build: ``build(model, config, *, strategy, eval_alpha, eval_steps,
       pm=None) -> FederatedAlgorithm``; ``pm`` as the role says (module
       docstring), None for the roles without one.
+    label: the method's name in tables and plots, or ``label(config) ->
+      str`` where it depends on the configuration ("AugFL w/ PM", "AugFL
+      w/o PM").
+    uses_pm: ``uses_pm(config, regularizer) -> bool``, for a method whose
+      configuration may leave its PM out (AugFL at ``lam = 0``);
+      ``regularizer`` is the run's R_h (``RunConfig.regularizer``). None:
+      the PM takes the role ``pm_role`` says whenever it has one.
+    eval_alpha: ``eval_alpha(config) -> float``, the step of the held-out
+      clients' fast adaptation for a method that trains for it with an
+      inner step of its own (AugFL's alpha); None: the paper's alpha.
   """
 
   name: str
   config_class: type
   pm_role: str
   build: Callable[..., FederatedAlgorithm]
+  label: str | Callable[[Any], str]
+  uses_pm: Callable[[Any, str], bool] | None = None
+  eval_alpha: Callable[[Any], float] | None = None
 
   def __post_init__(self):
     if self.pm_role not in PM_ROLES:
       raise ValueError(f"{self.name}: pm_role must be one of {PM_ROLES}, "
                        f"got {self.pm_role!r}")
+    if not (callable(self.label) or (isinstance(self.label, str) and
+                                     self.label)):
+      raise ValueError(f"{self.name}: label must be a name or a function of "
+                       f"the config, got {self.label!r}")
+
+  def active_role(self, config: Any, regularizer: str = "crd") -> str:
+    """The PM role of a run with ``config`` (``"none"`` where
+    :attr:`uses_pm` says that configuration leaves the PM out)."""
+    if self.uses_pm is not None and not self.uses_pm(config, regularizer):
+      return "none"
+    return self.pm_role
+
+  def label_of(self, config: Any) -> str:
+    """The method's name for a run with ``config``."""
+    return self.label(config) if callable(self.label) else self.label
 
 
 def no_pm(name: str, pm: Any) -> None:

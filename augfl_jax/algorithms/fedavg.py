@@ -22,8 +22,6 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
-PM_ROLE = "none"
-FEDLP_PM_ROLE = "initialization"
 TRAIN_ON = ("all", "support")
 
 
@@ -66,5 +64,7 @@ fedavg = averaging.constructor("fedavg", make_round)
 fedlp = averaging.constructor("fedlp", make_round)
 
 
-SPECS = (base.AlgorithmSpec("fedavg", FedAvgConfig, PM_ROLE, fedavg),
-         base.AlgorithmSpec("fedlp", FedAvgConfig, FEDLP_PM_ROLE, fedlp))
+SPECS = (base.AlgorithmSpec("fedavg", FedAvgConfig, "none", fedavg,
+                            label="FedAvg"),
+         base.AlgorithmSpec("fedlp", FedAvgConfig, "initialization", fedlp,
+                            label="FedLP"))

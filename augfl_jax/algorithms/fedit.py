@@ -32,8 +32,6 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
-PM_ROLE = "backbone"
-
 
 @dataclasses.dataclass(frozen=True)
 class FedITConfig(fields.Config):
@@ -197,4 +195,5 @@ def fedit(model: nn.Module, config: FedITConfig, *,
       lambda state: global_params(state, config))
 
 
-SPECS = (base.AlgorithmSpec("fedit", FedITConfig, PM_ROLE, fedit),)
+SPECS = (base.AlgorithmSpec("fedit", FedITConfig, "backbone", fedit,
+                            label="FedIT"),)

@@ -58,7 +58,6 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
-PM_ROLE = "none"
 DISTANCES = ("mse", "squared_l2")
 NEW_CLIENT_INITS = ("initial", "mean")
 EVAL_SALT = 0x7FFFFFF0  # folded into the root key for held-out clients
@@ -254,4 +253,5 @@ def fedproto(model: nn.Module, config: FedProtoConfig, *,
       lambda state: state.init_params)
 
 
-SPECS = (base.AlgorithmSpec("fedproto", FedProtoConfig, PM_ROLE, fedproto),)
+SPECS = (base.AlgorithmSpec("fedproto", FedProtoConfig, "none", fedproto,
+                            label="FedProto"),)

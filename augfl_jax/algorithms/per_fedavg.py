@@ -37,7 +37,6 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
-PM_ROLE = "none"
 VARIANTS = ("fo", "hf")
 
 
@@ -103,5 +102,6 @@ def make_round(loss_fn: LossFn, config: PerFedAvgConfig,
 per_fedavg = averaging.constructor("per_fedavg", make_round)
 
 
-SPECS = (base.AlgorithmSpec("per_fedavg", PerFedAvgConfig, PM_ROLE,
-                            per_fedavg),)
+SPECS = (base.AlgorithmSpec("per_fedavg", PerFedAvgConfig, "none",
+                            per_fedavg, label="Per-FedAvg",
+                            eval_alpha=lambda config: config.alpha),)

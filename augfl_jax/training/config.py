@@ -5,11 +5,14 @@ almost every run sets (``algorithm``, ``dataset``, ``rounds``, ...); the rest
 sits in sections: ``data``, ``pm`` (the pretrained model), ``crd`` (AugFL's
 R_h, :class:`augfl_jax.transfer.CRDConfig`), ``eval`` (fast adaptation of
 held-out clients) and one section per algorithm, which IS that algorithm's
-own config class (``augfl``:
-:class:`augfl_jax.algorithms.augfl.round.AugFLConfig`, ``fedavg``:
-``FedAvgConfig``, ...), so a method's hyper-parameters never leak into
-another's and a renamed field breaks loudly. ``kt_only`` reads ``augfl``,
-``per_fedbc`` reads ``fedbc`` and ``fedlp`` reads ``fedavg``.
+own config class (``augfl``: :class:`augfl_jax.algorithms.augfl.AugFLConfig`,
+``fedavg``: ``FedAvgConfig``, ...), so a method's hyper-parameters never
+leak into another's and a renamed field breaks loudly. An algorithm reads
+the section whose type is its spec's config class (:func:`section_name`):
+``kt_only`` reads ``augfl``, ``per_fedbc`` reads ``fedbc`` and ``fedlp``
+reads ``fedavg``. A method registered from outside the package whose config
+class has no section here gets one named after it in :func:`config_class`,
+the ``RunConfig`` that commands build their flags from.
 
 A field left ``None`` (or ``"auto"``) takes the dataset's preset, then the
 paper's value (§VI-A), then the backend's measured choice:
@@ -21,14 +24,13 @@ field by its dotted path (``augfl.rho``, ``data.server_size``).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
+from typing import Any
 
-from augfl_jax.algorithms.augfl import round as augfl
-from augfl_jax.algorithms import fedavg, fedit, fedproto, per_fedavg
-from augfl_jax.algorithms.fedbc import round as fedbc
-from augfl_jax.algorithms.fedcp import round as fedcp
-from augfl_jax.algorithms.fedoa import round as fedoa
-from augfl_jax.algorithms.fedpcl import round as fedpcl
-from augfl_jax import models
+from augfl_jax import algorithms, models
+from augfl_jax.algorithms import (augfl, fedavg, fedbc, fedcp, fedit, fedoa,
+                                  fedpcl, fedproto, per_fedavg)
 from augfl_jax.core import client_axis, fields
 from augfl_jax.core.fields import field
 from augfl_jax.transfer import crd
@@ -219,23 +221,75 @@ class RunConfig(fields.Config):
                                    help="FedOA")
 
 
-# The section an algorithm reads its hyper-parameters from.
-SECTIONS = {"augfl": "augfl", "kt_only": "augfl", "fedavg": "fedavg",
-            "fedlp": "fedavg", "per_fedavg": "per_fedavg", "fedbc": "fedbc",
-            "per_fedbc": "fedbc", "fedproto": "fedproto", "fedpcl": "fedpcl",
-            "fedcp": "fedcp", "fedit": "fedit", "fedoa": "fedoa"}
+def _section_types(cls: type) -> dict[type, str]:
+  """``{section type: field name}`` of the dataclass sections of ``cls``."""
+  hints = typing.get_type_hints(cls)
+  return {hints[f.name]: f.name for f in dataclasses.fields(cls)
+          if dataclasses.is_dataclass(hints[f.name])}
 
 
-def algorithm_config(config: RunConfig):
+@functools.lru_cache(maxsize=None)
+def _with_sections(extra: tuple[tuple[str, type, str], ...]) -> type:
+  """``RunConfig`` with the sections ``(name, config class, help)``."""
+  return dataclasses.make_dataclass(
+      "RunConfig", [(name, cls, field(default_factory=cls, help=text))
+                    for name, cls, text in extra],
+      bases=(RunConfig,), frozen=True,
+      namespace={"__module__": __name__, "__doc__": RunConfig.__doc__})
+
+
+def config_class() -> type[RunConfig]:
+  """``RunConfig``, plus a section for each registered algorithm whose
+  config class has none (a user's method, ``algorithms.register``), named
+  after the first such algorithm: what commands build their flags and read
+  ``config.json`` with.
+
+  Raises:
+    ValueError: a registered algorithm's name is already a field of
+      ``RunConfig``.
+  """
+  known = _section_types(RunConfig)
+  extra, names = [], {f.name for f in dataclasses.fields(RunConfig)}
+  for spec in algorithms.REGISTRY.values():
+    if spec.config_class in known or any(
+        cls is spec.config_class for _, cls, _ in extra):
+      continue
+    if spec.name in names:
+      raise ValueError(f"algorithm {spec.name!r}: its config section would "
+                       "take the name of a RunConfig field; register it "
+                       "under another name")
+    extra.append((spec.name, spec.config_class,
+                  f"{spec.label_of(spec.config_class())}'s hyper-parameters"))
+  return _with_sections(tuple(extra)) if extra else RunConfig
+
+
+def section_name(config: RunConfig, algorithm: str | None = None) -> str:
+  """The section of ``config`` that ``algorithm`` (default
+  ``config.algorithm``) reads its hyper-parameters from: the one whose type
+  is the spec's config class."""
+  spec = algorithms.spec(algorithm or config.algorithm)
+  sections = _section_types(type(config))
+  if spec.config_class not in sections:
+    raise ValueError(f"{spec.name} reads a {spec.config_class.__name__}, "
+                     f"which this {type(config).__name__} has no section for;"
+                     " build it with training.config.config_class()")
+  return sections[spec.config_class]
+
+
+def algorithm_config(config: RunConfig) -> Any:
   """The config of ``config.algorithm``: its section."""
-  return getattr(config, SECTIONS[config.algorithm])
+  return getattr(config, section_name(config))
 
 
-def unused_sections(algorithm: str) -> tuple[str, ...]:
-  """The sections of the algorithms other than ``algorithm``: a run's
-  configuration is the rest, so a change of another algorithm's default
-  leaves its directory, its checkpoints and its plot labels as they were."""
-  return tuple(sorted(set(SECTIONS.values()) - {SECTIONS[algorithm]}))
+def unused_sections(config: RunConfig) -> tuple[str, ...]:
+  """The sections of the algorithms other than ``config.algorithm``: a
+  run's configuration is the rest, so a change of another algorithm's
+  default leaves its directory, its checkpoints and its plot labels as they
+  were."""
+  own = section_name(config)
+  registered = {spec.config_class for spec in algorithms.REGISTRY.values()}
+  return tuple(sorted(name for cls, name in _section_types(
+      type(config)).items() if cls in registered and name != own))
 
 
 def resumable_fields(config: RunConfig) -> tuple[str, ...]:
@@ -260,6 +314,6 @@ def fields_to_lower(config: RunConfig) -> tuple[str, ...]:
   """What a non-finite round advises to lower: the :func:`resume_changes`
   of ``config.algorithm``'s section, but those at 0 (a weight switched
   off)."""
-  head = SECTIONS[config.algorithm] + "."
+  head = section_name(config) + "."
   return tuple(n for n in resume_changes(config) if n.startswith(head)
                and fields.get(config, n) != 0)

@@ -25,7 +25,7 @@ from augfl_jax.pm import store as pm
 from augfl_jax.core import fields
 from augfl_jax.training import feasibility
 from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
-                                       unused_sections)
+                                       section_name, unused_sections)
 
 # The paper's values where the paper or the reference code gives one.
 PAPER_DEFAULTS = {"norm": "batch", "pm.model": "resnet32x4",
@@ -55,16 +55,9 @@ NATURAL_SERVER_SIZE = {"synthetic": 500}
 # Datasets generated from the run's seed: their server split, hence their
 # PM, belong to that seed.
 SEEDED_DATASETS = ("synthetic",)
-# PM roles whose PM is a model of the client's architecture, pretrained on
-# the server split: FedLP starts from it; FedPCL's frozen encoder is it (the
-# paper: "a pretrained ResNet8x4 as the initial client model for FedLP and
-# FedPCL, while AugFL uses the same PM only on the server").
-CLIENT_SIZE_PM = ("initialization", "encoder")
-# The fast-adaptation step of the paper (alpha), for methods without one.
+# The fast-adaptation step of the paper (alpha), for methods without one
+# (``AlgorithmSpec.eval_alpha``).
 PAPER_ALPHA = 0.03
-# Methods that train for fast adaptation with their own inner step alpha:
-# held-out clients adapt with that step.
-ADAPTS_WITH_OWN_ALPHA = ("augfl", "kt_only", "per_fedavg", "per_fedbc")
 
 
 def dataset_preset(dataset: str) -> dict[str, Any]:
@@ -73,13 +66,11 @@ def dataset_preset(dataset: str) -> dict[str, Any]:
 
 
 def pm_role(config: RunConfig) -> str:
-  """What the run's PM does (``algorithms.PM_ROLES``); ``"none"`` for
-  AugFL without a regulariser (lam 0 or ``regularizer="none"``)."""
-  role = algorithms.REGISTRY[config.algorithm].pm_role
-  if role == "regularizer" and (config.augfl.lam == 0 or
-                                config.regularizer == "none"):
-    return "none"
-  return role
+  """What the run's PM does (``algorithms.PM_ROLES``): its algorithm's
+  role, or ``"none"`` where the algorithm's configuration leaves the PM out
+  (``AlgorithmSpec.active_role``: AugFL at lam 0)."""
+  return algorithms.spec(config.algorithm).active_role(
+      algorithm_config(config), config.regularizer)
 
 
 def unread_sections(config: RunConfig) -> tuple[str, ...]:
@@ -89,7 +80,7 @@ def unread_sections(config: RunConfig) -> tuple[str, ...]:
   CRD."""
   role = pm_role(config)
   return tuple(sorted(
-      unused_sections(config.algorithm) + ("pm",) * (role == "none") +
+      unused_sections(config) + ("pm",) * (role == "none") +
       ("crd",) * (role != "regularizer" or config.regularizer != "crd")))
 
 
@@ -113,7 +104,8 @@ def resolve(config: RunConfig) -> RunConfig:
   config = fields.replace(config, **{
       name: value for name, value in filled.items()
       if fields.get(config, name) is None})
-  if algorithms.REGISTRY[config.algorithm].pm_role in CLIENT_SIZE_PM:
+  if (algorithms.spec(config.algorithm).pm_role in
+      algorithms.CLIENT_SIZE_ROLES):
     config = fields.replace(config, **{"pm.model": config.model})
   changes: dict[str, Any] = {}
   if config.strategy == AUTO:
@@ -126,9 +118,9 @@ def resolve(config: RunConfig) -> RunConfig:
     changes["crd.kt_steps"] = -(-config.data.server_size //
                                 config.crd.batch_size)
   if config.eval.alpha is None:
-    changes["eval.alpha"] = (algorithm_config(config).alpha
-                             if config.algorithm in ADAPTS_WITH_OWN_ALPHA
-                             else PAPER_ALPHA)
+    own = algorithms.spec(config.algorithm).eval_alpha
+    changes["eval.alpha"] = (PAPER_ALPHA if own is None
+                             else own(algorithm_config(config)))
   if config.pm.dir is None:
     changes["pm.dir"] = default_pm_dir(config)
   return fields.replace(config, **changes)
@@ -185,6 +177,22 @@ def model_kwargs(name: str, norm: str, json_kwargs: str = "",
   return kwargs
 
 
+def _without_pm(config: RunConfig) -> str:
+  """``", or use --<field>=0"``: a field of the algorithm's section that
+  leaves the PM out at 0 (AugFL's lam), or ``""`` when there is none."""
+  spec, section = algorithms.spec(config.algorithm), section_name(config)
+  for name, _, _, value in fields.walk(algorithm_config(config),
+                                       section + "."):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      try:
+        off = algorithm_config(fields.replace(config, **{name: 0 * value}))
+      except ValueError:
+        continue
+      if spec.active_role(off, config.regularizer) == "none":
+        return f", or use --{name}=0"
+  return ""
+
+
 def validate(config: RunConfig) -> RunConfig:
   """Resolves ``config`` and checks it; returns the resolved config.
 
@@ -205,8 +213,7 @@ def validate(config: RunConfig) -> RunConfig:
       (role == "none" or d.server_size > 0,
        f"{config.algorithm} needs a pretrained model, trained on a server "
        "split, but --data.server_size is 0; give the server examples "
-       "(--data.server_size=N)" + (", or use --augfl.lam=0"
-                                   if role == "regularizer" else "")),
+       "(--data.server_size=N)" + _without_pm(config)),
       (role == "none" or config.pm.model in known_models,
        f"unknown --pm.model {config.pm.model!r}; choose one of "
        f"{', '.join(known_models)}"),

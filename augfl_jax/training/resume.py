@@ -18,6 +18,7 @@ import numpy as np
 from augfl_jax import data
 from augfl_jax.core import fields
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
+from augfl_jax.training import presets
 from augfl_jax.training.config import RunConfig, resumable_fields
 from augfl_jax.training.config import resume_changes as resume_changes_of
 from augfl_jax.training.config import unused_sections
@@ -27,18 +28,24 @@ from augfl_jax.training.outputs import OutputDir, OutputDirError
 def check_resume_config(saved: RunConfig, config: RunConfig,
                          resume_changes: Sequence[str], where: str) -> None:
   """Refuses a resumed configuration that differs from the checkpoint's
-  ``saved`` outside :func:`resumable_fields` and ``resume_changes`` (and
-  AugFL's lam changed to or from 0)."""
-  if "augfl.lam" in resume_changes and (
-      (saved.augfl.lam == 0) != (config.augfl.lam == 0)):
+  ``saved`` outside :func:`resumable_fields` and ``resume_changes``, or
+  whose changes give the run another PM role (AugFL's lam to or from 0:
+  the checkpoint holds the PM's state, or lacks it)."""
+  before, after = presets.pm_role(saved), presets.pm_role(config)
+  named = [n for n in resume_changes
+           if fields.get(saved, n) != fields.get(config, n)]
+  if before != after and named:
     raise ValueError(
-        f"--resume_changes=augfl.lam: lam may change on resume, but not to "
-        f"or from 0 (lam 0 trains without the PM, whose state the "
-        f"checkpoint {where} holds or lacks); got {saved.augfl.lam} -> "
-        f"{config.augfl.lam}")
+        f"--resume_changes={','.join(named)}: "
+        f"{' and '.join(n.rpartition('.')[2] for n in named)} may change on "
+        f"resume, but not to or from 0, where the run gains or loses its PM "
+        f"(PM role {before} -> {after}), whose state the checkpoint {where} "
+        "holds or lacks; got " + "; ".join(
+            f"{n} {fields.get(saved, n)} -> {fields.get(config, n)}"
+            for n in named))
   free = resumable_fields(config)
   diff = fields.diff(saved, config, free + tuple(resume_changes)
-                     + unused_sections(config.algorithm))
+                     + unused_sections(config))
   if not diff:
     return
   names = [d.partition(":")[0] for d in diff]
@@ -47,7 +54,7 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
                + ",".join(list(resume_changes) + names))
   else:
     way_out = (f"only {', '.join(free)} may change on resume, "
-               "and the step sizes (or augfl.lam) named in --resume_changes")
+               "and the step sizes and weights named in --resume_changes")
   raise ValueError(f"--resume: the checkpoint {where} is of another "
                    f"configuration ({'; '.join(diff)}); {way_out}")
 
@@ -93,16 +100,16 @@ def changed(saved: RunConfig, config: RunConfig,
           if fields.get(saved, n) != fields.get(config, n)}
 
 
-def saved_config(out: OutputDir, checkpoints: RunCheckpoints,
-                  log) -> RunConfig | None:
-  """The configuration of the run ``out`` holds: its ``config.json``, or,
-  when that is missing, empty or torn (a crash or a full disk while it was
-  written), the one saved with its newest readable checkpoint; ``None``
-  when neither reads."""
+def saved_config(out: OutputDir, checkpoints: RunCheckpoints, log,
+                 cls: type[RunConfig] = RunConfig) -> RunConfig | None:
+  """The configuration of the run ``out`` holds, as a ``cls``: its
+  ``config.json``, or, when that is missing, empty or torn (a crash or a
+  full disk while it was written), the one saved with its newest readable
+  checkpoint; ``None`` when neither reads."""
   path = out.file("config.json")
   if os.path.exists(path):
     try:
-      return fields.from_dict(RunConfig, out.read_json("config.json"))
+      return fields.from_dict(cls, out.read_json("config.json"))
     except OutputDirError:
       log(f"{path} is empty or cut short (a crash or a full disk while it "
           "was written); " + ("using the configuration saved with the "
@@ -110,8 +117,7 @@ def saved_config(out: OutputDir, checkpoints: RunCheckpoints,
                               else "it is written again"))
   if checkpoints.steps():
     try:
-      return fields.from_dict(RunConfig,
-                              checkpoints.latest_meta(log)[1]["config"])
+      return fields.from_dict(cls, checkpoints.latest_meta(log)[1]["config"])
     except CheckpointError:
       return None
   return None
@@ -134,17 +140,17 @@ def plan(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
       raise ValueError(f"--resume: no checkpoint in {checkpoints.directory};"
                        " run without --resume to start the run (again)")
     step, meta = checkpoints.latest_meta(log)
-    check_resume_config(fields.from_dict(RunConfig, meta["config"]), config,
-                         resume_changes, f"{checkpoints.path(step)}")
+    check_resume_config(fields.from_dict(type(config), meta["config"]),
+                        config, resume_changes, f"{checkpoints.path(step)}")
     if step > config.rounds:
       raise ValueError(f"--resume: the checkpoint is at round {step}, "
                        f"beyond --rounds={config.rounds}")
     return step
   if overwrite or not out.own_files():
     return None
-  saved = saved_config(out, checkpoints, log)
+  saved = saved_config(out, checkpoints, log, type(config))
   if saved is not None:
-    diff = fields.diff(saved, config, unused_sections(config.algorithm))
+    diff = fields.diff(saved, config, unused_sections(config))
     if diff:
       raise OutputDirError(
           f"{out.path} holds a different run ({'; '.join(diff)}); pass "
@@ -229,7 +235,7 @@ def restore(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
   structure, checked against ``config`` (``CheckpointError`` when none
   does)."""
   start_round, state, meta = checkpoints.restore(state, log)
-  saved = fields.from_dict(RunConfig, meta["config"])
+  saved = fields.from_dict(type(config), meta["config"])
   check_resume_config(saved, config, resume_changes,
                       checkpoints.path(start_round))
   on_disk = out.read_records("metrics.jsonl", log, tolerant=True)

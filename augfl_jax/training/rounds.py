@@ -17,7 +17,6 @@ import numpy as np
 
 from augfl_jax.core import evaluation, fields, intervals
 from augfl_jax.core.progress import Progress, counted
-from augfl_jax.training import presets
 from augfl_jax.training import resume as resuming
 from augfl_jax.training.config import fields_to_lower
 from augfl_jax.training.events import EventWriter
@@ -87,9 +86,7 @@ def run_rounds(config, out, checkpoints, log, checkpoint_every, stop, fed,
   out.write_text("partition.txt", description + "\n")
   out.write_records("metrics.jsonl", history)  # none past the checkpoint
 
-  fused = not (presets.pm_role(config) == "regularizer" and
-               config.crd.loop == "python")
-  step = guard_round(algo.round, num_clients, fused=fused)
+  step = guard_round(algo.round, num_clients, fused=algo.traceable)
   start = time.perf_counter()
   progress = Progress(config.rounds, done=start_round)
   saved_round = None if resumed is None else start_round

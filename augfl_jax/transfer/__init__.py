@@ -2,12 +2,16 @@
 
 The server computes ``reg_grad = grad_theta R_h(theta^t, theta_p)`` for
 Eq. (13); the pretrained model (PM) and the server data never reach a client.
-Every regulariser is a pair of functions, as an optax transformation is:
+Every regulariser is a pair of functions, as an optax transformation is
+(:class:`Regularizer`, which unpacks as the pair):
 
 * ``init_fn(key, student_params) -> state`` (a pytree, possibly None), to be
   carried in the server state;
 * ``grad_fn(student_params, state) -> (reg_grad, state, metrics)``, with
-  ``reg_grad`` a tree like ``student_params`` and ``metrics["r_h"]`` the value.
+  ``reg_grad`` a tree like ``student_params`` and ``metrics["r_h"]`` the value;
+
+and says whether ``grad_fn`` can be traced into a larger jitted program
+(``traceable``; CRD's ``loop="python"`` runs a Python loop of jitted steps).
 
 ``"crd"``: contrastive representation distillation (the paper's choice,
 :mod:`augfl_jax.transfer.crd`); ``"l2"``: ``||theta - theta_p||^2`` (same
@@ -16,7 +20,8 @@ architecture only); ``"none"``: R_h = 0 ("AugFL w/o PM", lambda = 0).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Iterator
 
 import jax.numpy as jnp
 import optax
@@ -28,7 +33,7 @@ from augfl_jax.transfer.l2 import l2_grad, l2_value, make_l2_regularizer
 from augfl_jax.core.types import Batch, Params, PRNGKey
 
 __all__ = [
-    "REGULARIZERS", "make_regularizer", "CRDConfig", "CRDState",
+    "REGULARIZERS", "Regularizer", "make_regularizer", "CRDConfig", "CRDState",
     "make_crd_regularizer", "crd_loss", "make_l2_regularizer", "l2_grad",
     "l2_value", "make_none_regularizer",
 ]
@@ -39,7 +44,26 @@ InitFn = Callable[[PRNGKey, Params], Any]
 GradFn = Callable[[Params, Any], tuple[Params, Any, dict[str, Any]]]
 
 
-def make_none_regularizer() -> tuple[InitFn, GradFn]:
+@dataclasses.dataclass(frozen=True)
+class Regularizer:
+  """A server regulariser: ``init_fn, grad_fn = regularizer`` unpacks it.
+
+  Attributes:
+    init_fn: ``init_fn(key, student_params) -> state``.
+    grad_fn: ``grad_fn(student_params, state) -> (reg_grad, state,
+      metrics)``.
+    traceable: ``grad_fn`` can run inside another ``jax.jit``.
+  """
+
+  init_fn: InitFn
+  grad_fn: GradFn
+  traceable: bool = True
+
+  def __iter__(self) -> Iterator[Callable[..., Any]]:
+    return iter((self.init_fn, self.grad_fn))
+
+
+def make_none_regularizer() -> Regularizer:
   """R_h = 0: state None, ``reg_grad`` zeros, ``metrics["r_h"] = 0``."""
 
   def init_fn(key: PRNGKey, student_params: Params) -> None:
@@ -50,7 +74,7 @@ def make_none_regularizer() -> tuple[InitFn, GradFn]:
     return (optax.tree.zeros_like(student_params), state,
             {"r_h": jnp.zeros((), jnp.float32)})
 
-  return init_fn, grad_fn
+  return Regularizer(init_fn, grad_fn)
 
 
 def make_regularizer(name: str, *, student_apply: StudentApply | None = None,
@@ -59,8 +83,9 @@ def make_regularizer(name: str, *, student_apply: StudentApply | None = None,
                      server: Batch | None = None,
                      config: CRDConfig | None = None,
                      teacher_per_example: bool = False
-                    ) -> tuple[InitFn, GradFn]:
-  """The ``(init_fn, grad_fn)`` pair of regulariser ``name``.
+                    ) -> Regularizer:
+  """The :class:`Regularizer` called ``name`` (``init_fn, grad_fn =``
+  unpacks it).
 
   Args:
     name: one of ``REGULARIZERS``.
@@ -84,11 +109,14 @@ def make_regularizer(name: str, *, student_apply: StudentApply | None = None,
   if name == "l2":
     if pm_params is None:
       raise ValueError("the l2 regulariser needs pm_params (theta_p)")
-    return make_l2_regularizer(pm_params)
+    return Regularizer(*make_l2_regularizer(pm_params))
   missing = [arg for arg, value in (("student_apply", student_apply),
                                     ("teacher_apply", teacher_apply),
                                     ("server", server)) if value is None]
   if missing:
     raise ValueError(f"the crd regulariser needs {', '.join(missing)}")
-  return make_crd_regularizer(student_apply, teacher_apply, server, config,
-                              teacher_per_example=teacher_per_example)
+  config = config or CRDConfig()
+  return Regularizer(
+      *make_crd_regularizer(student_apply, teacher_apply, server, config,
+                            teacher_per_example=teacher_per_example),
+      traceable=config.loop == "scan")  # "auto" may choose the Python loop

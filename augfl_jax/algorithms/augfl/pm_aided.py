@@ -3,8 +3,9 @@
 The PM enters only the server: it computes ``reg_grad = grad R_h(theta^t)``
 with the regulariser of ``augfl_jax.transfer`` (``pm = (init_fn,
 grad_fn)``), whose state (e.g. the CRD heads and memory banks) never leaves
-the server, and Eq. (13) subtracts ``lam reg_grad``. ``lam = 0`` is "AugFL
-w/o PM" (no regulariser needed).
+the server, and Eq. (13) subtracts ``lam reg_grad``. ``lam = 0`` (or the
+run's regulariser ``"none"``) is "AugFL w/o PM": no regulariser is needed
+(:func:`uses_pm`, which the spec declares, so that a runner loads no PM).
 
 ``kt_only`` is Eq. (13) without the federated term (no client takes part):
 ``theta^{t+1} = theta^t - lam grad R_h(theta^t) / sum_i rho_i``.
@@ -27,7 +28,16 @@ from augfl_jax import models
 from augfl_jax.algorithms import base
 from augfl_jax.core.types import ClientData
 
-PM_ROLE = "regularizer"
+
+def uses_pm(config: augfl.AugFLConfig, regularizer: str = "crd") -> bool:
+  """Whether the PM takes part: R_h has a weight and a kind (``lam > 0``
+  and ``regularizer`` is not ``"none"``)."""
+  return config.lam > 0 and regularizer != "none"
+
+
+def label(config: augfl.AugFLConfig) -> str:
+  """"AugFL w/ PM", or "AugFL w/o PM" at ``lam = 0``."""
+  return "AugFL w/ PM" if config.lam > 0 else "AugFL w/o PM"
 
 
 @flax.struct.dataclass
@@ -59,7 +69,10 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
              kt_only: bool = False) -> base.FederatedAlgorithm:
   """AugFL (or KT-only, ``kt_only``) with ``reg_grad = grad R_h(theta^t)``
   from the server regulariser ``pm = (init_fn, grad_fn)`` (``augfl_jax.
-  transfer.make_regularizer``; None allowed when ``config.lam == 0``).
+  transfer.make_regularizer``; None allowed when ``config.lam == 0``). The
+  round is traceable unless the regulariser says it is not (a
+  ``transfer.Regularizer`` whose ``traceable`` is False: its gradient runs
+  a Python loop).
 
   Metrics of a round: AugFL's (``augfl.make_round``; KT-only: ``loss`` is
   ``R_h``) and the regulariser's, prefixed ``kt_``.
@@ -94,7 +107,8 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
       name, init, round_,
       base.fast_adapt_evaluate(model, strategy, eval_alpha=eval_alpha,
                                eval_steps=eval_steps, params_of=params_of),
-      params_of)
+      params_of, traceable=not (config.lam > 0 and reg_grad_fn is not None)
+      or getattr(pm, "traceable", True))
 
 
 def kt_only(model: nn.Module, config: augfl.AugFLConfig, *,
@@ -106,5 +120,10 @@ def kt_only(model: nn.Module, config: augfl.AugFLConfig, *,
                   eval_steps=eval_steps, pm=pm, kt_only=True)
 
 
-SPECS = (base.AlgorithmSpec("augfl", augfl.AugFLConfig, PM_ROLE, augfl_pm),
-         base.AlgorithmSpec("kt_only", augfl.AugFLConfig, PM_ROLE, kt_only))
+_own_alpha = lambda config: config.alpha  # held-out clients adapt with it
+SPECS = (base.AlgorithmSpec("augfl", augfl.AugFLConfig, "regularizer",
+                            augfl_pm, label=label, uses_pm=uses_pm,
+                            eval_alpha=_own_alpha),
+         base.AlgorithmSpec("kt_only", augfl.AugFLConfig, "regularizer",
+                            kt_only, label="KT-only", uses_pm=uses_pm,
+                            eval_alpha=_own_alpha))

@@ -63,8 +63,6 @@ from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 client_update = fedbc_local.client_update
 dual_update = fedbc_local.dual_update
 
-PM_ROLE = "none"
-
 
 @flax.struct.dataclass
 class FedBCState:
@@ -237,5 +235,8 @@ def per_fedbc(model: nn.Module, config: FedBCConfig, *,
                eval_steps=eval_steps, pm=pm, personalized=True)
 
 
-SPECS = (base.AlgorithmSpec("fedbc", FedBCConfig, PM_ROLE, fedbc),
-         base.AlgorithmSpec("per_fedbc", FedBCConfig, PM_ROLE, per_fedbc))
+SPECS = (base.AlgorithmSpec("fedbc", FedBCConfig, "none", fedbc,
+                            label="FedBC"),
+         base.AlgorithmSpec("per_fedbc", FedBCConfig, "none", per_fedbc,
+                            label="Per-FedBC",
+                            eval_alpha=lambda config: config.alpha))

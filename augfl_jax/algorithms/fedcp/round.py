@@ -63,7 +63,6 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
-PM_ROLE = "none"
 EVAL_SALT = 0x7FFFFFF2
 CPN_SALT = 0x7FFFFFF3
 
@@ -255,4 +254,5 @@ def fedcp(model: nn.Module, config: FedCPConfig, *,
       lambda state: state.params)
 
 
-SPECS = (base.AlgorithmSpec("fedcp", FedCPConfig, PM_ROLE, fedcp),)
+SPECS = (base.AlgorithmSpec("fedcp", FedCPConfig, "none", fedcp,
+                            label="FedCP"),)

@@ -64,7 +64,6 @@ from augfl_jax.algorithms.fedoa.config import FedOAConfig
 from augfl_jax.models import lora
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
-PM_ROLE = "backbone"
 
 # Folded into the root key for the held-out clients' personal training.
 _EVAL_TAG = 0x7EA1
@@ -233,4 +232,5 @@ def fedoa(model: nn.Module, config: FedOAConfig, *,
       lambda state: global_params(state, config))
 
 
-SPECS = (base.AlgorithmSpec("fedoa", FedOAConfig, PM_ROLE, fedoa),)
+SPECS = (base.AlgorithmSpec("fedoa", FedOAConfig, "backbone", fedoa,
+                            label="FedOA"),)

@@ -69,7 +69,6 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
-PM_ROLE = "encoder"
 PREDICTIONS = ("global", "local")
 EncoderApply = Callable[[jax.Array, jax.Array], jax.Array]
 EVAL_SALT = 0x7FFFFFF1
@@ -251,4 +250,5 @@ def fedpcl(model: nn.Module, config: FedPCLConfig, *,
       lambda state: state.init_params)
 
 
-SPECS = (base.AlgorithmSpec("fedpcl", FedPCLConfig, PM_ROLE, fedpcl),)
+SPECS = (base.AlgorithmSpec("fedpcl", FedPCLConfig, "encoder", fedpcl,
+                            label="FedPCL"),)
