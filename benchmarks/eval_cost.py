@@ -49,7 +49,7 @@ def measure(config: training.RunConfig, repeats: int) -> dict:
   """Seconds (median of ``repeats``) of a round, the held-out clients'
   evaluation and the test-split scoring of ``config``'s run."""
   config = training.validate(config)
-  fed, _ = wiring.load_federated(config)
+  fed = wiring.load_federated(config)
   if fed.test_split is None:
     raise ValueError(f"{config.dataset}: no test split ({fed.test_split_off})")
   algo, params = wiring.build_algorithm(config, fed, log=lambda s: None)

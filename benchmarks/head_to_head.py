@@ -144,7 +144,8 @@ class Runs:
       code = authors_code.in_float64(code)
     self.torch, self.code = torch, code
     self.fed, pool = data.authors.load_federated(
-        "fashion_mnist", data_dir=FLAGS.data_dir, num_clients=50, M=20,
+        "fashion_mnist", location=data.locate("fashion_mnist", FLAGS.data_dir),
+        num_clients=50, M=20,
         classes_per_client=2, server_size=10000, support_fraction=0.2,
         server_overlap=True, test_clients=FLAGS.test_clients,
         seed=FLAGS.seed)

@@ -152,7 +152,7 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
         "config") == resolved:
       return saved["accuracy"]
   quiet = lambda line: None
-  fed, _ = wiring.load_federated(config)
+  fed = wiring.load_federated(config)
   fed, _ = transform(fed)
   algo, params = wiring.build_algorithm(config, fed, quiet)
   like = algo.init(params, fed.train.num_clients, jax.random.key(0))

@@ -47,9 +47,10 @@ def define_flags() -> None:
 def resolve_pm(config: training.RunConfig) -> training.RunConfig:
   """``config`` resolved as a run resolves it, after the checks a PM needs
   (one-line ``ValueError``)."""
-  if data.canonical_name(config.dataset) == "synthetic":
-    raise ValueError("synthetic has natural clients and no server split to "
-                     "pretrain on; choose an image dataset such as digits")
+  if data.spec(config.dataset).natural_clients:
+    raise ValueError(f"{config.dataset} has natural clients and no server "
+                     "split to pretrain on; choose an image dataset such as "
+                     "digits")
   run = presets.resolve(config)
   checks = [
       (run.pm.model in models.available_models(),

@@ -76,14 +76,46 @@ def test_available_and_unknown():
   names = D.available_datasets()
   for name in ("emnist/letters", "fashion_mnist", "mnist", "kmnist",
                "cifar10", "cifar100", "digits", "synthetic"):
-    assert name in names
-    assert name in D.DATASET_DEFAULTS
+    assert name in names and D.spec(name).name == name
   assert D.canonical_name("emnist") == "emnist/letters"
   assert D.DATASETS["emnist/letters"].num_classes == 26
   with pytest.raises(ValueError, match="digits"):
     D.load_dataset("imagenet")
   with pytest.raises(ValueError, match="emnist/letters, the paper's EMNIST"):
     D.load_federated("imagenet")
+
+
+@pytest.mark.parametrize("name", sorted(D.DATASETS))
+def test_each_dataset_states_every_fact_a_run_needs(name):
+  """A registered dataset without them fails here (or cannot be built):
+  its example shape, its preset's client model, where it comes from."""
+  spec = D.DATASETS[name]
+  assert spec.example_shape and all(n >= 1 for n in spec.example_shape)
+  assert spec.preset["model"]
+  assert spec.embedded or spec.idx_files or spec.tfds_name
+  assert spec.natural_clients == (spec.natural_server_size is not None)
+  if spec.embedded:  # made here: the shape it states is the shape it has
+    dataset = D.load_dataset(name, seed=0)
+    assert dataset.x.shape[1:] == spec.example_shape
+    assert dataset.num_classes == spec.num_classes
+    assert (dataset.client_ids is not None) == spec.natural_clients
+  with pytest.raises(TypeError):
+    D.DatasetSpec(name="x", num_classes=2, num_clients=4, server_size=0,  # pylint: disable=missing-kwoa
+                  load=spec.load)
+  with pytest.raises(ValueError, match="must name the client model"):
+    D.DatasetSpec(name="x", num_classes=2, num_clients=4, server_size=0,
+                  example_shape=(3,), preset={}, load=spec.load)
+
+
+def test_register_dataset_adds_one_and_refuses_a_taken_name():
+  digits = D.DATASETS["digits"]
+  assert D.register_dataset(digits) is digits  # the same spec: no change
+  with pytest.raises(ValueError, match="registered already"):
+    D.register_dataset(D.DatasetSpec(
+        name="digits", num_classes=10, num_clients=4, server_size=0,
+        example_shape=(8, 8, 1), preset={"model": "mlp"}, load=digits.load))
+  with pytest.raises(TypeError):
+    D.DATASETS["x"] = digits  # read-only; register_dataset adds
 
 
 def test_digits(digits):
@@ -112,9 +144,10 @@ def test_synthetic(synthetic):
   np.testing.assert_array_equal(d.y, again.y)
   other = D.load_dataset("synthetic", seed=1)
   assert d.x.shape != other.x.shape or not np.array_equal(d.x, other.x)
-  small = D.load_dataset("synthetic", synthetic_clients=5, seed=2,
-                         synthetic_alpha=0.0, synthetic_beta=0.0)
+  small = D.load_dataset("synthetic", num_clients=5, seed=2)
   assert len(np.bincount(small.client_ids)) == 5
+  flat = D.synthetic_dataset(num_clients=5, seed=2, alpha=0.0, beta=0.0)
+  assert len(np.bincount(flat.client_ids)) == 5
 
 
 def fake_tfds_copy(root, tfds_name: str) -> str:
@@ -312,7 +345,7 @@ def test_impossible_requests_raise(digits):
   with pytest.raises(ValueError, match="concentration must be a positive"):
     D.dirichlet_partition(y, num_clients=10, concentration=0.0,
                           server_size=100, seed=0)
-  with pytest.raises(ValueError, match="Unknown partition"):
+  with pytest.raises(ValueError, match="unknown partition"):
     D.load_federated("digits", partition="iid")
 
 

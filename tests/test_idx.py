@@ -35,7 +35,7 @@ def no_search_roots(monkeypatch, tmp_path):
   monkeypatch.delenv(catalog.ENV_VAR, raising=False)
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "empty_tfds"))
   monkeypatch.setitem(
-      catalog.DATASETS, "fashion_mnist", dataclasses.replace(
+      catalog._REGISTRY, "fashion_mnist", dataclasses.replace(
           catalog.DATASETS["fashion_mnist"],
           system_dirs=(str(tmp_path / "no_debian"),)))
 

@@ -347,7 +347,7 @@ def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
   # The explicit participant list of everyone takes the gather/scatter path
   # and must give the same round as participants=None.
   config = training.validate(_config(algorithm=algorithm, **extra))
-  fed, _ = wiring.load_federated(config)
+  fed = wiring.load_federated(config)
   algo, params = wiring.build_algorithm(config, fed, lambda s: None)
   state = jax.device_put(algo.init(params, fed.train.num_clients,
                                    jax.random.key(0)), jax.devices()[0])
@@ -375,7 +375,7 @@ def test_partial_participation_touches_only_participants(pm_dir, algorithm):
     extra = {**extra, "pm.dir": pm_dir}
   config = training.validate(_config(algorithm=algorithm,
                                      clients_per_round=5, **extra))
-  fed, _ = wiring.load_federated(config)
+  fed = wiring.load_federated(config)
   algo, params = wiring.build_algorithm(config, fed, lambda s: None)
   n = fed.train.num_clients
   state = jax.device_put(algo.init(params, n, jax.random.key(1)),

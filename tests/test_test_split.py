@@ -52,7 +52,7 @@ def test_clients_follow_the_protocol(kind):
 
 def test_a_pool_too_small_is_unavailable_not_shrunk():
   labels = np.repeat(np.arange(10), 3)  # 3 examples a class
-  with pytest.raises(test_split.TestSplitUnavailable, match="too few"):
+  with pytest.raises(test_split.OfficialTestSplitUnavailable, match="too few"):
     test_split.draw_clients(labels, np.arange(30), num_clients=5, M=20,
                             seed=0, num_classes=10)
 
@@ -78,7 +78,7 @@ def test_the_same_clients_for_every_method_of_a_seed():
         training.RunConfig(seed=seed, **{k: v for k, v in changes.items()
                                          if "." not in k}),
         **{k: v for k, v in changes.items() if "." in k}))
-    return wiring.load_federated(config)[0].test_split.clients
+    return wiring.load_federated(config).test_split.clients
 
   base = test_clients(0)
   for changes in ({"algorithm": "fedavg"}, {"augfl.lam": 0.0},
@@ -123,7 +123,8 @@ def test_a_missing_test_split_is_said_once_or_stops_the_run(tmp_path):
       dataset="fashion_mnist", algorithm="fedavg",
       data=training.DataConfig(data_dir=root, num_clients=10, M=10,
                                server_size=100))
-  fed, description = wiring.load_federated(training.validate(config))
+  fed = wiring.load_federated(training.validate(config))
+  description = fed.describe()
   assert fed.test_split is None
   off = [line for line in description.splitlines() if "test-split" in line]
   assert off == [f"test-split scoring off: fashion_mnist's test split is "
@@ -179,7 +180,7 @@ def test_tfds_copy_has_its_test_split_found(tmp_path):
   for name in ("dataset_info.json", "mnist-train.tfrecord-00000-of-00001"):
     (version / name).write_text("{}")
   location = data.locate("mnist", str(root))
-  with pytest.raises(data.TestSplitUnavailable, match="no prepared test"):
+  with pytest.raises(data.OfficialTestSplitUnavailable, match="no prepared test"):
     data.locate_test_split("mnist", location)
   (version / "mnist-test.tfrecord-00000-of-00001").write_text("{}")
   assert data.locate_test_split("mnist", location) == location

@@ -56,7 +56,7 @@ from augfl_jax.data.splits import (Partition, _check_int, _check_labels,
                                    _check_server_size,
                                    _check_support_fraction,
                                    _check_train_fraction, _num_test_clients)
-from augfl_jax.data.official_test_split import TestSplitClients
+from augfl_jax.data.official_test_split import OfficialTestClients
 from augfl_jax.core.types import ClientData
 
 __all__ = ["authors_partition", "draw_clients", "joined_pool",
@@ -75,7 +75,8 @@ def joined_pool(images: list[np.ndarray]) -> np.ndarray:
   return flat.reshape(joined.shape)
 
 
-def load_joined_pool(name: str, data_dir: str | None = None
+def load_joined_pool(name: str, data_dir: str | None = None,
+                     location: catalog.Location | None = None
                      ) -> tuple[Dataset, int]:
   """A dataset's train and test IDX files as one pool (:func:`joined_pool`).
 
@@ -89,7 +90,7 @@ def load_joined_pool(name: str, data_dir: str | None = None
     idx.DataFileError: a truncated or corrupt file.
   """
   spec = catalog.spec(name)
-  location = catalog.locate(spec.name, data_dir)
+  location = location or catalog.locate(spec.name, data_dir)
   test = (catalog.find_idx(spec, location.path, spec.test_idx_files)
           if location.kind == "idx" and spec.test_idx_files else None)
   if test is None:
@@ -241,7 +242,8 @@ def draw_clients(dataset: Dataset, pool: np.ndarray, *, num_clients: int,
   return clients, tuple(support), tuple(query)
 
 
-def load_federated(name: str, *, data_dir: str | None, num_clients: int,
+def load_federated(name: str, *, location: catalog.Location,
+                   num_clients: int,
                    M: int, classes_per_client: int, server_size: int,  # pylint: disable=invalid-name
                    support_fraction: float, train_fraction: float = 0.8,
                    server_overlap: bool, test_clients: int, seed: int
@@ -257,7 +259,7 @@ def load_federated(name: str, *, data_dir: str | None, num_clients: int,
   Raises:
     as :func:`load_joined_pool` and :func:`authors_partition`.
   """
-  dataset, n_train = load_joined_pool(name, data_dir)
+  dataset, n_train = load_joined_pool(name, location=location)
   partition = authors_partition(
       dataset.y, num_clients=num_clients, M=M,
       classes_per_client=classes_per_client, server_size=server_size,
@@ -271,7 +273,7 @@ def load_federated(name: str, *, data_dir: str | None, num_clients: int,
       dataset, pool, num_clients=test_clients, M=M,
       classes_per_client=classes_per_client,
       support_fraction=support_fraction, seed=seed)
-  return dataclasses.replace(fed, test_split=TestSplitClients(
+  return dataclasses.replace(fed, test_split=OfficialTestClients(
       clients, support, query,
       f"{test_clients} clients of the authors' protocol drawn from the "
       f"{len(pool)} test-file examples of the joined pool")), dataset

@@ -25,30 +25,54 @@ import dataclasses
 import glob
 import importlib.util
 import os
+import types
+from typing import Any, Callable, Mapping
+
+from augfl_jax.data import embedded
+from augfl_jax.data.dataset import Dataset
 
 __all__ = [
     "ALIASES", "DATASETS", "DatasetSpec", "DatasetUnavailableError", "ENV_VAR",
-    "Location", "canonical_name", "locate", "spec",
+    "Location", "canonical_name", "locate", "register_dataset", "spec",
 ]
 
 ENV_VAR = "AUGFL_JAX_DATA_DIR"
 _MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
 _MNIST_TEST_FILES = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+# The 28x28 grey-scale datasets (mnist, fashion_mnist, kmnist, emnist/*).
+_IMAGE_28 = {"example_shape": (28, 28, 1), "preset": {"model": "cnn"}}
 
 
 class DatasetUnavailableError(RuntimeError):
   """A dataset's files are not on this machine (augfl_jax never downloads)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DatasetSpec:
-  """One dataset: its classes, the paper's protocol sizes and its files.
+  """One dataset: its classes, the paper's protocol sizes, the run's
+  defaults for it, and its files (or the function that makes it).
 
   Attributes:
     name: the canonical name (``--dataset``).
     num_classes: number of classes (after ``label_offset``).
-    num_clients: the paper's number of clients N (§VI-A).
+    num_clients: the paper's number of clients N (§VI-A); a dataset of
+      natural clients: how many it generates.
     server_size: the paper's server split (the first n training examples).
+    example_shape: the shape of one example, ``(H, W, C)`` or ``(d,)``.
+    preset: the run's defaults on this dataset, dotted ``RunConfig`` names
+      over the paper's values: at least the client ``model``; e.g. digits'
+      ``norm``, ``pm.model``, ``pm.epochs`` and ``crd.nce_k``.
+    load: ``load(seed, num_clients) -> Dataset`` for a dataset that is
+      made, not read from files (the embedded ones, a user's own);
+      ``None`` for one of IDX files or a tfds copy.
+    seeded: its examples come from the run's seed (a generated dataset):
+      so do its server split and its PM.
+    natural_server_size: a dataset of natural clients (its examples come
+      with their client): the server examples drawn from them when a run
+      needs a PM and leaves ``data.server_size`` unset; ``None`` for a
+      dataset partitioned by labels.
+    test_split_from_unused: no test split of its own: the test-split
+      clients are drawn from the examples the partition leaves unused.
     idx_files: the train split's IDX ``(images, labels)`` file names, each
       found raw or with ``.gz``; ``None`` for a dataset without IDX files.
     test_idx_files: the official test split's IDX file names, looked for
@@ -66,6 +90,8 @@ class DatasetSpec:
   num_classes: int
   num_clients: int
   server_size: int
+  example_shape: tuple[int, ...]
+  preset: Mapping[str, Any]
   idx_files: tuple[str, str] | None = None
   test_idx_files: tuple[str, str] | None = None
   label_offset: int = 0
@@ -73,11 +99,33 @@ class DatasetSpec:
   subdirs: tuple[str, ...] = ()
   system_dirs: tuple[str, ...] = ()
   how_to_get: str = ""
+  load: Callable[[int, int], Dataset] | None = None
+  seeded: bool = False
+  natural_server_size: int | None = None
+  test_split_from_unused: bool = False
+
+  def __post_init__(self):
+    if "model" not in self.preset:
+      raise ValueError(f"dataset {self.name!r}: its preset must name the "
+                       "client model (preset={'model': ...})")
+    if not self.example_shape or not all(
+        isinstance(n, int) and n >= 1 for n in self.example_shape):
+      raise ValueError(f"dataset {self.name!r}: example_shape must be a "
+                       f"tuple of positive ints, got {self.example_shape!r}")
+    if (self.load is None) == (self.idx_files is None and
+                               self.tfds_name is None):
+      raise ValueError(f"dataset {self.name!r} needs either files (idx_files"
+                       " or tfds_name) or a load function, not both")
 
   @property
   def embedded(self) -> bool:
-    """Needs no files (generated or bundled with a package)."""
-    return self.idx_files is None and self.tfds_name is None
+    """Needs no files (``load`` makes it)."""
+    return self.load is not None
+
+  @property
+  def natural_clients(self) -> bool:
+    """Its examples come with their clients (no label partition)."""
+    return self.natural_server_size is not None
 
 
 def _emnist(split: str, num_classes: int, num_clients: int,
@@ -85,7 +133,7 @@ def _emnist(split: str, num_classes: int, num_clients: int,
   prefix = f"emnist-{split}-"
   return DatasetSpec(
       name=f"emnist/{split}", num_classes=num_classes,
-      num_clients=num_clients, server_size=10000,
+      num_clients=num_clients, server_size=10000, **_IMAGE_28,
       idx_files=(prefix + _MNIST_FILES[0], prefix + _MNIST_FILES[1]),
       test_idx_files=(prefix + "test-images-idx3-ubyte",
                       prefix + "test-labels-idx1-ubyte"),
@@ -101,7 +149,7 @@ def _emnist(split: str, num_classes: int, num_clients: int,
 _DATASETS = (
     DatasetSpec(
         name="fashion_mnist", num_classes=10, num_clients=50,
-        server_size=10000, idx_files=_MNIST_FILES,
+        server_size=10000, **_IMAGE_28, idx_files=_MNIST_FILES,
         test_idx_files=_MNIST_TEST_FILES, tfds_name="fashion_mnist",
         subdirs=("fashion_mnist", "fashion-mnist"),
         system_dirs=("/usr/share/datasets/fashion-mnist",),
@@ -112,14 +160,14 @@ _DATASETS = (
             "and pass --data.data_dir=DIR")),
     DatasetSpec(
         name="mnist", num_classes=10, num_clients=50, server_size=10000,
-        idx_files=_MNIST_FILES, test_idx_files=_MNIST_TEST_FILES,
+        **_IMAGE_28, idx_files=_MNIST_FILES, test_idx_files=_MNIST_TEST_FILES,
         tfds_name="mnist", subdirs=("mnist",),
         how_to_get=("put the MNIST train IDX files (the original "
                     "distribution) in a directory and pass "
                     "--data.data_dir=DIR")),
     DatasetSpec(
         name="kmnist", num_classes=10, num_clients=50, server_size=10000,
-        idx_files=_MNIST_FILES, test_idx_files=_MNIST_TEST_FILES,
+        **_IMAGE_28, idx_files=_MNIST_FILES, test_idx_files=_MNIST_TEST_FILES,
         tfds_name="kmnist", subdirs=("kmnist",),
         how_to_get=("put the KMNIST train IDX files of "
                     "https://github.com/rois-codh/kmnist in a directory and "
@@ -131,22 +179,54 @@ _DATASETS = (
     _emnist("bymerge", 47, 100),
     *(DatasetSpec(
         name=name, num_classes=classes, num_clients=clients,
-        server_size=10000, tfds_name=name,
+        server_size=10000, example_shape=(32, 32, 3),
+        preset={"model": "resnet8x4"}, tfds_name=name,
         how_to_get=(
             f"prepare it once on a machine with internet access (`tfds build "
             f"{name} --data_dir=DIR`, or in Python `tfds.load({name!r}, "
             "data_dir=DIR)`), copy DIR here and pass --data.data_dir=DIR"))
       for name, classes, clients in (("cifar10", 10, 50),
                                      ("cifar100", 100, 100))),
+    # digits keeps the paper's alpha, rho and lambda with GroupNorm: batch
+    # statistics of a 5-20 example query set of two classes change a
+    # held-out client's predictions with its class mix.
     DatasetSpec(name="digits", num_classes=10, num_clients=40,
-                server_size=400),
-    # Natural clients and no server split (FedBC's benchmark).
+                server_size=400, example_shape=(8, 8, 1),
+                preset={"model": "mlp", "norm": "group", "pm.model": "cnn",
+                        "pm.epochs": 30, "crd.nce_k": 1024},
+                load=lambda seed, num_clients: embedded.digits_dataset(),
+                test_split_from_unused=True),
+    # Natural clients and no server split (FedBC's benchmark): a run with a
+    # PM draws 500 server examples from the clients; 60 features, an MLP PM
+    # (one hidden layer of 128).
     DatasetSpec(name="synthetic", num_classes=10, num_clients=30,
-                server_size=0),
+                server_size=0, example_shape=(60,),
+                preset={"model": "logreg", "pm.model": "mlp"},
+                load=lambda seed, num_clients: embedded.synthetic_dataset(
+                    num_clients=num_clients, seed=seed),
+                seeded=True, natural_server_size=500),
 )
-DATASETS: dict[str, DatasetSpec] = {s.name: s for s in _DATASETS}
+_REGISTRY: dict[str, DatasetSpec] = {s.name: s for s in _DATASETS}
+# name -> DatasetSpec, read-only: ``register_dataset`` adds to it.
+DATASETS: Mapping[str, DatasetSpec] = types.MappingProxyType(_REGISTRY)
 # Names that mean another: the paper's EMNIST is EMNIST letters.
 ALIASES = {"emnist": "emnist/letters"}
+
+
+def register_dataset(spec_: DatasetSpec) -> DatasetSpec:
+  """Adds a dataset to :data:`DATASETS` (a user's, from their own module:
+  ``experiments.run --imports=my_module`` imports it first); the same spec
+  again changes nothing. Raises ``ValueError`` for a name taken by another
+  dataset or an alias."""
+  if not isinstance(spec_, DatasetSpec):
+    raise TypeError(f"register_dataset takes a DatasetSpec, got "
+                    f"{type(spec_).__name__}")
+  if (_REGISTRY.get(spec_.name, spec_) is not spec_ or
+      spec_.name in ALIASES):
+    raise ValueError(f"dataset {spec_.name!r} is registered already; "
+                     "choose another name")
+  _REGISTRY[spec_.name] = spec_
+  return spec_
 
 
 def canonical_name(name: str) -> str:

@@ -154,6 +154,9 @@ class FederatedData:
       split (:mod:`augfl_jax.data.official_test_split`), or ``None``.
     test_split_off: why ``test_split`` is ``None`` (empty when it is not,
       or when it was not asked for).
+    about: what was read and how it was partitioned, a few lines for logs
+      (``data.load_federated`` writes it; :meth:`describe` adds the
+      test-split clients).
   """
 
   train: ClientData
@@ -163,8 +166,18 @@ class FederatedData:
   input_shape: tuple[int, ...]
   partition: Partition
   dataset_name: str
-  test_split: Any = None  # test_split.TestSplitClients | None
+  test_split: Any = None  # official_test_split.OfficialTestClients | None
   test_split_off: str = ""
+  about: str = ""
+
+  def describe(self) -> str:
+    """:attr:`about`, then where the test-split clients come from or why
+    there are none (when they were asked for)."""
+    note = (f"test-split clients: {self.test_split.source}"
+            if self.test_split is not None else
+            f"test-split scoring off: {self.test_split_off}"
+            if self.test_split_off else "")
+    return "\n".join(part for part in (self.about, note) if part)
 
 
 def build_federated(dataset: Dataset, partition: Partition) -> FederatedData:

@@ -46,7 +46,7 @@ from augfl_jax.data.federated import pad_stack
 from augfl_jax.data.splits import Partition
 from augfl_jax.core.types import ClientData
 
-__all__ = ["TestSplitClients", "TestSplitUnavailable", "draw_clients",
+__all__ = ["OfficialTestClients", "OfficialTestSplitUnavailable", "draw_clients",
            "load_test_split_clients", "locate_test_split",
            "test_split_clients"]
 
@@ -54,13 +54,13 @@ UNUSED = "unused"  # Location.kind of digits' left-over examples
 PARTITIONS = ("pathological", "dirichlet")
 
 
-class TestSplitUnavailable(RuntimeError):
+class OfficialTestSplitUnavailable(RuntimeError):
   """A run's dataset has no test split to draw clients from (the message
   says why)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TestSplitClients:
+class OfficialTestClients:
   """Held-out clients drawn from a test split.
 
   Attributes:
@@ -91,30 +91,31 @@ def locate_test_split(name: str, location: catalog.Location
 
   Returns:
     The IDX pair beside the train files, the same tfds copy (its ``test``
-    split), or ``Location("unused", "")`` for ``digits``.
+    split), or ``Location("unused", "")`` for a dataset whose test-split
+    clients come from the examples its partition leaves unused (digits).
 
   Raises:
-    TestSplitUnavailable: none, with the reason (the files expected and
+    OfficialTestSplitUnavailable: none, with the reason (the files expected and
       where they were looked for).
   """
   spec = catalog.spec(name)
-  if spec.name == "digits":
+  if spec.test_split_from_unused:
     return catalog.Location(UNUSED, "")
   if location.kind == "embedded":
-    raise TestSplitUnavailable(
+    raise OfficialTestSplitUnavailable(
         f"{spec.name} has no test split: every example belongs to a natural "
         "client")
   if location.kind == "idx":
     found = (catalog.find_idx(spec, location.path, spec.test_idx_files)
              if spec.test_idx_files else None)
     if found is None:
-      raise TestSplitUnavailable(
+      raise OfficialTestSplitUnavailable(
           f"{spec.name}'s test split is not beside its train files: no "
           + " and ".join(f"{f}[.gz]" for f in spec.test_idx_files or ())
           + f" in {location.path}")
     return found
   if not catalog.has_tfds_copy(spec, location.path, "test"):
-    raise TestSplitUnavailable(
+    raise OfficialTestSplitUnavailable(
         f"the tfds copy of {spec.name} in {location.path} holds no prepared "
         "test split")
   return location
@@ -153,7 +154,7 @@ def _class_counts(rng: np.random.Generator, size: int, available: np.ndarray,
     big_ok = np.flatnonzero(available >= base + 1)
     small_ok = np.flatnonzero(available >= base)
     if len(big_ok) < extra or len(small_ok) < k:
-      raise TestSplitUnavailable(
+      raise OfficialTestSplitUnavailable(
           f"the pool has too few examples for a client of {size} examples "
           f"from {k} classes ({base}+ a class; per class: "
           f"{available.tolist()})")
@@ -164,7 +165,7 @@ def _class_counts(rng: np.random.Generator, size: int, available: np.ndarray,
     counts[small] = base
     return counts
   if available.sum() < size:
-    raise TestSplitUnavailable(f"the pool holds {available.sum()} examples, "
+    raise OfficialTestSplitUnavailable(f"the pool holds {available.sum()} examples, "
                                f"fewer than a client's {size}")
   p = rng.dirichlet(np.full(len(available), float(dirichlet_alpha)))
   while (need := size - int(counts.sum())) > 0:
@@ -204,7 +205,7 @@ def draw_clients(labels: np.ndarray, pool: np.ndarray, *, num_clients: int,
 
   Raises:
     ValueError: bad arguments.
-    TestSplitUnavailable: a pool too small for one client.
+    OfficialTestSplitUnavailable: a pool too small for one client.
   """
   _check_protocol(num_clients, M, classes_per_client, support_fraction,
                   partition, dirichlet_alpha)
@@ -233,7 +234,7 @@ def test_split_clients(dataset: Dataset, partition: Partition,
                        classes_per_client: int = 2,
                        support_fraction: float = 0.5, seed: int,
                        partition_kind: str = "pathological",
-                       dirichlet_alpha: float = 0.5) -> TestSplitClients:
+                       dirichlet_alpha: float = 0.5) -> OfficialTestClients:
   """Held-out clients from ``test`` (the test split, read with
   ``load_split(..., "test", like=dataset)``), or, when it is ``None``, from
   the examples of ``dataset`` that ``partition`` left unused (``digits``).
@@ -247,10 +248,10 @@ def test_split_clients(dataset: Dataset, partition: Partition,
       :func:`draw_clients` (``partition_kind`` is its ``partition``).
 
   Returns:
-    The :class:`TestSplitClients`.
+    The :class:`OfficialTestClients`.
 
   Raises:
-    TestSplitUnavailable: a pool too small for one client.
+    OfficialTestSplitUnavailable: a pool too small for one client.
   """
   if test is None:
     taken = np.concatenate([partition.server, *partition.support,
@@ -278,27 +279,30 @@ def test_split_clients(dataset: Dataset, partition: Partition,
       num_examples=jnp.asarray([len(s) + len(q)
                                 for s, q in zip(support, query)],
                                jnp.float32))
-  return TestSplitClients(
+  return OfficialTestClients(
       clients, support, query,
       f"{num_clients} clients drawn from {source}")
 
 
 def load_test_split_clients(dataset: Dataset, partition: Partition, *,
-                            data_dir: str | None, num_clients: int, M: int,  # pylint: disable=invalid-name
+                            data_dir: str | None = None,
+                            location: catalog.Location | None = None,
+                            num_clients: int, M: int,  # pylint: disable=invalid-name
                             classes_per_client: int = 2,
                             support_fraction: float = 0.5, seed: int,
                             partition_kind: str = "pathological",
                             dirichlet_alpha: float = 0.5
-                           ) -> TestSplitClients:
+                           ) -> OfficialTestClients:
   """Finds and reads ``dataset``'s test split (:func:`locate_test_split`,
-  beside its train files under ``data_dir``'s search order) and draws the
-  clients (:func:`test_split_clients`, the same arguments).
+  beside its train files: at ``location``, else under ``data_dir``'s search
+  order) and draws the clients (:func:`test_split_clients`, the same
+  arguments).
 
   Raises:
-    TestSplitUnavailable: no test split, or one too small for a client.
+    OfficialTestSplitUnavailable: no test split, or one too small for a client.
   """
-  location = locate_test_split(dataset.name,
-                               catalog.locate(dataset.name, data_dir))
+  location = locate_test_split(
+      dataset.name, location or catalog.locate(dataset.name, data_dir))
   test = (None if location.kind == UNUSED else
           sources.load_split(dataset.name, location, "test", like=dataset))
   return test_split_clients(

@@ -10,7 +10,9 @@ so the order is part of the protocol). It finds the files with
 * a tfds prepared copy (any of those, ``cifar10``, ``cifar100``): the train
   split in its stored order, offline only (``download=False``,
   ``try_gcs=False``); TensorFlow is imported only then;
-* ``digits`` and ``synthetic``: :mod:`augfl_jax.data.embedded`.
+* ``digits``, ``synthetic`` and any dataset registered with a ``load``
+  function: that function (``DatasetSpec.load``; the embedded ones are in
+  :mod:`augfl_jax.data.embedded`).
 
 Images are scaled to [0, 1] and then standardised per channel with the
 split's own mean and standard deviation. A dataset that is not on this
@@ -24,24 +26,17 @@ import os
 
 import numpy as np
 
-from augfl_jax.data import catalog, embedded, idx
+from augfl_jax.data import catalog, idx
 from augfl_jax.data.catalog import DatasetUnavailableError
 from augfl_jax.data.dataset import Dataset, standardise
 
 __all__ = [
-    "DATASET_DEFAULTS",
     "Dataset",
     "DatasetUnavailableError",
     "available_datasets",
     "load_dataset",
     "load_split",
 ]
-
-# Protocol defaults per dataset (§VI-A): number of clients N and the size of
-# the server split. `synthetic` has natural clients and no server split.
-DATASET_DEFAULTS: dict[str, dict[str, int]] = {
-    name: {"num_clients": s.num_clients, "server_size": s.server_size}
-    for name, s in catalog.DATASETS.items()}
 
 _TFDS_READ_BATCH = 4096
 
@@ -57,9 +52,8 @@ def load_dataset(
     *,
     data_dir: str | None = None,
     seed: int = 0,
-    synthetic_alpha: float = 1.0,
-    synthetic_beta: float = 1.0,
-    synthetic_clients: int = 30,
+    num_clients: int | None = None,
+    location: catalog.Location | None = None,
 ) -> Dataset:
   """Loads a whole dataset split into host memory.
 
@@ -68,31 +62,27 @@ def load_dataset(
     data_dir: searched first for the dataset's files (IDX files or a tfds
       prepared copy); see :mod:`augfl_jax.data.catalog` for the rest of the
       search order. Ignored by the embedded datasets.
-    seed: seed of the ``synthetic`` generator. The other datasets are fixed
-      files and do not depend on it (``digits`` always uses the same shuffle).
-    synthetic_alpha: alpha of Synthetic(alpha, beta): spread of the per-client
-      model means.
-    synthetic_beta: beta of Synthetic(alpha, beta): spread of the per-client
-      input means.
-    synthetic_clients: number of natural clients of ``synthetic``.
+    seed: seed of a generated dataset (``synthetic``). The others are fixed
+      and do not depend on it (``digits`` always uses the same shuffle).
+    num_clients: how many natural clients a generated dataset of natural
+      clients makes (default: its spec's ``num_clients``).
+    location: where its files are, when the caller has found them already
+      (``data_dir`` is then not searched).
 
   Returns:
     The :class:`Dataset` (``name`` canonical).
 
   Raises:
-    ValueError: unknown ``name`` or bad synthetic arguments.
+    ValueError: unknown ``name`` or bad arguments of a generated dataset.
     DatasetUnavailableError: the dataset's files are not on this machine.
     idx.DataFileError: a file that is there but truncated, corrupt or not
       matching its pair.
   """
   spec = catalog.spec(name)
-  if spec.name == "digits":
-    return embedded.digits_dataset()
-  if spec.name == "synthetic":
-    return embedded.synthetic_dataset(
-        alpha=synthetic_alpha, beta=synthetic_beta,
-        num_clients=synthetic_clients, seed=seed)
-  return _read(spec, catalog.locate(spec.name, data_dir), "train", None)
+  if spec.load is not None:
+    return spec.load(seed, num_clients or spec.num_clients)
+  return _read(spec, location or catalog.locate(spec.name, data_dir),
+               "train", None)
 
 
 def load_split(name: str, location: catalog.Location, split: str,

@@ -14,6 +14,7 @@ All functions returned here are pure in ``params`` and safe under
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
@@ -36,8 +37,8 @@ from augfl_jax.core.types import Batch, Params, PRNGKey
 
 __all__ = [
     "CNN", "MLP", "LogisticRegression", "ResNet", "BasicBlock", "AuthorsCNN",
-    "MaskedBatchNorm", "NORMS", "masked_moments", "CONV_MODELS",
-    "NORM_FREE_MODELS", "authors_fmnist_cnn", "authors_cifar_cnn",
+    "MaskedBatchNorm", "NORMS", "masked_moments", "model_fields",
+    "register_model", "authors_fmnist_cnn", "authors_cifar_cnn",
     "CONV_IMPLS", "default_conv_impl", "resolve_conv_impl",
     "resnet8", "resnet20", "resnet32", "resnet8x4", "resnet32x4",
     "create_model", "available_models", "init_params", "init_batch_stats",
@@ -58,17 +59,37 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "authors_cifar_cnn": authors_cifar_cnn,
 }
 
-# The models with convolutions: they take ``conv_impl`` (``"auto"``,
-# ``"xla"`` or ``"patches"``, see ``models.conv``).
-CONV_MODELS = ("cnn", "resnet8", "resnet20", "resnet32", "resnet8x4",
-               "resnet32x4", "authors_fmnist_cnn", "authors_cifar_cnn")
-# The models without normalisation layers: they take no ``norm``.
-NORM_FREE_MODELS = ("logreg", "authors_fmnist_cnn", "authors_cifar_cnn")
 
 
 def available_models() -> tuple[str, ...]:
   """Names accepted by ``create_model``."""
   return tuple(_REGISTRY)
+
+
+def register_model(name: str, constructor: Callable[..., nn.Module]
+                  ) -> None:
+  """Adds a model to :func:`create_model` (a user's, from their own module:
+  ``experiments.run --imports=my_module`` imports it first).
+  ``constructor(num_classes=K, **fields)`` returns a Flax module whose
+  ``__call__(x, mask=None)`` returns ``(features, logits)`` (the module
+  docstring); a ``norm`` or ``conv_impl`` field, when it has one, receives
+  the run's. The same constructor again changes nothing.
+
+  Raises:
+    ValueError: ``name`` is taken by another model.
+  """
+  if _REGISTRY.get(name, constructor) is not constructor:
+    raise ValueError(f"model {name!r} is registered already; choose "
+                     "another name")
+  _REGISTRY[name] = constructor
+
+
+def model_fields(name: str) -> frozenset[str]:
+  """The fields model ``name`` takes (``norm``, ``conv_impl``, widths...),
+  read from the module it builds."""
+  module = create_model(name, 2)
+  return frozenset(f.name for f in dataclasses.fields(module)) - {
+      "parent", "name", "num_classes"}
 
 
 def create_model(name: str, num_classes: int, **kwargs: Any) -> nn.Module:

@@ -27,19 +27,7 @@ from augfl_jax.training.config import RunConfig
 
 INT_RANGE = (-2 ** 31, 2 ** 31 - 1)
 MAX_EVAL_STEPS = 10_000
-# One example's shape, by dataset (the IDX datasets: 28x28 grey images).
-EXAMPLE_SHAPES = {"digits": (8, 8, 1), "synthetic": (60,),
-                  "cifar10": (32, 32, 3), "cifar100": (32, 32, 3)}
-IDX_SHAPE = (28, 28, 1)
 FLOAT_BYTES = 4
-
-
-def example_shape(dataset: str) -> tuple[int, ...] | None:
-  """The shape of one example of ``dataset`` (canonical name); ``None``
-  when it is not known before the data are read."""
-  if dataset in EXAMPLE_SHAPES:
-    return EXAMPLE_SHAPES[dataset]
-  return IDX_SHAPE if data.DATASETS[dataset].idx_files else None
 
 
 def machine_memory() -> tuple[int, str]:
@@ -59,7 +47,8 @@ def memory_needs(config: RunConfig, unread: tuple[str, ...]
   """``[(flags, bytes, what)]``: lower bounds of the memory that values of
   ``config`` need (``flags``: the values, as ``--name=value``; sections in
   ``unread`` are left out)."""
-  shape = example_shape(config.dataset) or (1,)
+  spec = data.DATASETS[config.dataset]
+  shape = spec.example_shape
   example = FLOAT_BYTES * math.prod(shape)
   needs = []
   for name, _, _, value in fields.walk(config):
@@ -68,7 +57,7 @@ def memory_needs(config: RunConfig, unread: tuple[str, ...]
       needs.append((f"--{name}={value}", value * example, f"one minibatch "
                     f"of {value} examples of shape {shape}"))
   d, e = config.data, config.eval
-  if config.dataset != "synthetic":  # synthetic: natural clients
+  if not spec.natural_clients:  # else the clients' sizes are their own
     needs.append((f"--data.num_clients={d.num_clients} with --data.M={d.M}",
                   d.num_clients * d.M * example, "the clients' examples"))
     if e.test_split != "off":
@@ -88,16 +77,15 @@ def _gigabytes(size: int) -> str:
 
 
 def check_pm_kwargs(config: RunConfig, kwargs: dict) -> None:
-  """Builds the PM with ``kwargs`` (``presets.model_kwargs``) and, where
-  the example's shape is known, traces its initialisation (nothing is
-  compiled); ``ValueError`` naming ``--pm.kwargs`` when it fails."""
+  """Builds the PM with ``kwargs`` (``presets.model_kwargs``) and traces
+  its initialisation on the dataset's example shape (nothing is compiled);
+  ``ValueError`` naming ``--pm.kwargs`` when it fails."""
   num_classes = data.DATASETS[config.dataset].num_classes
-  shape = example_shape(config.dataset)
+  shape = data.DATASETS[config.dataset].example_shape
   try:
     module = models.create_model(config.pm.model, num_classes, **kwargs)
-    if shape is not None:
-      jax.eval_shape(lambda: models.init_params(
-          module, jax.random.key(0), shape))
+    jax.eval_shape(lambda: models.init_params(module, jax.random.key(0),
+                                              shape))
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
     raise ValueError(f"--pm.kwargs={config.pm.kwargs} does not build a "

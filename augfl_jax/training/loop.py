@@ -133,7 +133,8 @@ def _train(config, out, checkpoints, log, checkpoint_every, resume,
     except OutputDirError:
       log(f"{out.file('summary.json')} is cut short: it is written again")
 
-  fed, description = wiring.load_federated(config)
+  fed = wiring.load_federated(config)
+  description = fed.describe()
   if transform_data is not None:
     fed = transform_data(fed)
     if isinstance(fed, tuple):

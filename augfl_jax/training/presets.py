@@ -1,10 +1,10 @@
 """Presets and checks: a :class:`RunConfig` with every default filled in.
 
 :func:`resolve` fills the fields left ``None`` or ``"auto"``, in this order:
-the dataset's preset (:data:`DATASET_PRESETS`), the paper's values
+the dataset's preset (``DatasetSpec.preset``), the paper's values
 (:data:`PAPER_DEFAULTS`, §VI-A and the reference's PM recipe), the dataset's
-protocol sizes (:mod:`augfl_jax.data.catalog`) and the backend's measured
-choices (``clients.default_strategy``, ``models.default_conv_impl``).
+protocol sizes (``DatasetSpec``) and the backend's measured choices
+(``client_axis.default_strategy``, ``models.default_conv_impl``).
 :func:`validate` resolves and checks everything that can be checked before
 data is loaded or anything is compiled (the sizes against the machine:
 :mod:`.feasibility`), and raises ``ValueError`` with one line naming the
@@ -30,39 +30,14 @@ from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
 # The paper's values where the paper or the reference code gives one.
 PAPER_DEFAULTS = {"norm": "batch", "pm.model": "resnet32x4",
                   "pm.epochs": 240, "crd.nce_k": 16384}
-# Per-dataset values (over the paper's). digits keeps the paper's alpha, rho
-# and lambda with GroupNorm: batch statistics of a 5-20 example query set of
-# two classes change a held-out client's predictions with its class mix.
-DATASET_PRESETS = {
-    "digits": {"model": "mlp", "norm": "group", "pm.model": "cnn",
-               "pm.epochs": 30, "crd.nce_k": 1024},
-    # synthetic: 60 features; its PM is an MLP (one hidden layer of 128).
-    "synthetic": {"model": "logreg", "pm.model": "mlp"},
-    "cifar10": {"model": "resnet8x4"},
-    "cifar100": {"model": "resnet8x4"},
-}
-# The 28x28 grey-scale datasets (mnist, fashion_mnist, kmnist, emnist/*).
-IMAGE_28_PRESET = {"model": "cnn"}
 # Where pretrained models are kept by default: PM_ROOT/pm/<dataset>_<model>...
 PM_ROOT = "runs"
 # The server split is the first server_size examples whatever the run's seed,
 # so every run of a dataset shares it (and its PM): its seed is a constant.
 SERVER_SPLIT_SEED = 0
-# Datasets of natural clients without a server split (synthetic): a run that
-# needs a PM and leaves data.server_size unset draws this many examples at
-# random from the clients for the server (``data.natural_partition``).
-NATURAL_SERVER_SIZE = {"synthetic": 500}
-# Datasets generated from the run's seed: their server split, hence their
-# PM, belong to that seed.
-SEEDED_DATASETS = ("synthetic",)
 # The fast-adaptation step of the paper (alpha), for methods without one
 # (``AlgorithmSpec.eval_alpha``).
 PAPER_ALPHA = 0.03
-
-
-def dataset_preset(dataset: str) -> dict[str, Any]:
-  """The preset of ``dataset`` (a canonical name), dotted names."""
-  return DATASET_PRESETS.get(dataset, IMAGE_28_PRESET)
 
 
 def pm_role(config: RunConfig) -> str:
@@ -85,8 +60,9 @@ def unread_sections(config: RunConfig) -> tuple[str, ...]:
 
 
 def server_split_seed(config: RunConfig) -> int:
-  """The seed the run's server split (and its PM) belongs to."""
-  return (config.seed if config.dataset in SEEDED_DATASETS
+  """The seed the run's server split (and its PM) belongs to: the run's
+  for a dataset generated from it (``DatasetSpec.seeded``)."""
+  return (config.seed if data.DATASETS[config.dataset].seeded
           else SERVER_SPLIT_SEED)
 
 
@@ -96,11 +72,12 @@ def resolve(config: RunConfig) -> RunConfig:
   dataset = data.canonical_name(config.dataset)
   spec = data.DATASETS[dataset]
   config = fields.replace(config, dataset=dataset)
-  filled = {**PAPER_DEFAULTS, **dataset_preset(dataset),
-            "data.num_clients": spec.num_clients}
-  filled["data.server_size"] = spec.server_size
-  if pm_role(config) != "none" and dataset in NATURAL_SERVER_SIZE:
-    filled["data.server_size"] = NATURAL_SERVER_SIZE[dataset]
+  filled = {**PAPER_DEFAULTS, **spec.preset,
+            "data.num_clients": spec.num_clients,
+            "data.server_size": spec.server_size}
+  if pm_role(config) != "none" and spec.natural_clients:
+    # no server split: a run with a PM draws one from the clients
+    filled["data.server_size"] = spec.natural_server_size
   config = fields.replace(config, **{
       name: value for name, value in filled.items()
       if fields.get(config, name) is None})
@@ -136,7 +113,7 @@ def default_pm_dir(config: RunConfig) -> str:
       if config.pm.kwargs else "")
   if config.norm != "batch" and config.pm.model != "logreg":
     name += f"-{config.norm}"
-  if config.dataset in SEEDED_DATASETS:
+  if data.DATASETS[config.dataset].seeded:
     name += f"-seed{config.seed}"
   if config.data.partition == "authors":  # its pool: train + test, per pixel
     name += "-authors_pool"
@@ -160,8 +137,9 @@ def model_kwargs(name: str, norm: str, json_kwargs: str = "",
   """Keyword arguments of ``models.create_model(name, ...)``: the norm (not
   for logreg), ``conv_impl`` (models with convolutions) and the JSON object
   ``json_kwargs``, e.g. ``'{"hidden": [512, 256]}'``."""
-  kwargs = {} if name in models.NORM_FREE_MODELS else {"norm": norm}
-  if name in models.CONV_MODELS:
+  takes = models.model_fields(name)
+  kwargs = {"norm": norm} if "norm" in takes else {}
+  if "conv_impl" in takes:
     kwargs["conv_impl"] = conv_impl
   if json_kwargs:
     try:
@@ -232,7 +210,7 @@ def validate(config: RunConfig) -> RunConfig:
   if config.eval.test_split == "on":
     try:
       data.locate_test_split(config.dataset, location)
-    except data.TestSplitUnavailable as e:
+    except data.OfficialTestSplitUnavailable as e:
       raise ValueError(f"--eval.test_split=on: {e}; pass "
                        "--eval.test_split=auto or off to run without "
                        "it") from None

@@ -183,7 +183,7 @@ def check_run_control(config: RunConfig, checkpoint_every: int,
       raise ValueError(
           f"--resume_changes: {name} is not a step size; these may change "
           f"on resume: {', '.join(resume_changes_of(config))}")
-  if config.dataset != "synthetic":  # synthetic: its natural clients
+  if not data.DATASETS[config.dataset].natural_clients:
     train = data.num_train_clients(config.data.num_clients)
     if config.clients_per_round > train:
       raise ValueError(

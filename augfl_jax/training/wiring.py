@@ -31,60 +31,29 @@ from augfl_jax.training.config import RunConfig, algorithm_config
 Log = Callable[[str], None]
 
 
-def load_federated(config: RunConfig) -> tuple[data.FederatedData, str]:
-  """The run's federated data and its description (the files read, the
-  partition, the server split's class histogram, the test-split clients or
-  why there are none)."""
-  d = config.data
-  if d.partition == data.AUTHORS:
-    return _load_authors_division(config)
-  dataset = data.load_dataset(config.dataset, data_dir=d.data_dir,
-                              seed=config.seed)
-  partition = data.make_partition(
-      dataset, num_clients=d.num_clients, M=d.M,
-      classes_per_client=d.classes_per_client, server_size=d.server_size,
-      partition=d.partition, dirichlet_alpha=d.dirichlet_alpha,
-      support_fraction=d.support_fraction, seed=config.seed,
-      server_overlap=d.server_overlap)
-  fed = data.build_federated(dataset, partition)
-  test_split, off_reason = None, "--eval.test_split=off"
-  if config.eval.test_split != "off":
-    try:
-      test_split = data.load_test_split_clients(
-          dataset, partition, data_dir=d.data_dir,
-          num_clients=config.eval.test_clients, M=d.M,
-          classes_per_client=d.classes_per_client,
-          support_fraction=d.support_fraction, seed=config.seed,
-          partition_kind=d.partition, dirichlet_alpha=d.dirichlet_alpha)
-    except data.TestSplitUnavailable as e:
-      if config.eval.test_split == "on":
-        raise ValueError(f"--eval.test_split=on: {e}") from None
-      off_reason = str(e)
-  fed = dataclasses.replace(fed, test_split=test_split,
-                            test_split_off=off_reason)
-  note = (f"test-split clients: {test_split.source}" if test_split else
-          f"test-split scoring off: {off_reason}")
-  return (fed, f"dataset {dataset.name}: {dataset.source}\n"
-          + data.describe(partition, dataset.y) + "\n" + note)
-
-
-def _load_authors_division(config: RunConfig
-                           ) -> tuple[data.FederatedData, str]:
-  """:func:`load_federated` for ``--data.partition=authors``: the train and
-  test files joined (``data.authors``); the test-split clients come from
-  the test file's part of that pool."""
-  d, off = config.data, config.eval.test_split == "off"
-  fed, pool = data.authors.load_federated(
-      config.dataset, data_dir=d.data_dir, num_clients=d.num_clients, M=d.M,
-      classes_per_client=d.classes_per_client, server_size=d.server_size,
-      support_fraction=d.support_fraction, server_overlap=d.server_overlap,
-      test_clients=0 if off else config.eval.test_clients, seed=config.seed)
-  if off:
+def load_federated(config: RunConfig,
+                   location: data.Location | None = None
+                  ) -> data.FederatedData:
+  """The run's federated data (``data.load_federated``, at ``location``
+  when given): ``describe()`` names the files read, the partition, the
+  server split's class histogram, the test-split clients or why there are
+  none."""
+  d, test_split = config.data, config.eval.test_split
+  try:
+    fed = data.load_federated(
+        config.dataset, num_clients=d.num_clients, M=d.M,
+        classes_per_client=d.classes_per_client, server_size=d.server_size,
+        partition=d.partition, dirichlet_alpha=d.dirichlet_alpha,
+        support_fraction=d.support_fraction, seed=config.seed,
+        data_dir=d.data_dir, location=location,
+        test_clients=0 if test_split == "off" else config.eval.test_clients,
+        test_split="on" if test_split == "on" else "auto",
+        server_overlap=d.server_overlap)
+  except data.OfficialTestSplitUnavailable as e:
+    raise ValueError(f"--eval.test_split=on: {e}") from None
+  if test_split == "off":
     fed = dataclasses.replace(fed, test_split_off="--eval.test_split=off")
-  note = ("test-split scoring off: --eval.test_split=off" if off else
-          f"test-split clients: {fed.test_split.source}")
-  return (fed, f"dataset {pool.name}: {pool.source}\n"
-          + data.describe(fed.partition, pool.y) + "\n" + note)
+  return fed
 
 
 def pm_model(config: RunConfig, num_classes: int):
