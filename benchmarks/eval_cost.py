@@ -48,11 +48,12 @@ def _timed(fn) -> float:
 def measure(config: training.RunConfig, repeats: int) -> dict:
   """Seconds (median of ``repeats``) of a round, the held-out clients'
   evaluation and the test-split scoring of ``config``'s run."""
-  config = training.validate(config)
-  fed = wiring.load_federated(config)
+  plan = training.prepare(config)
+  config = plan.config
+  fed = wiring.load_federated(plan)
   if fed.test_split is None:
     raise ValueError(f"{config.dataset}: no test split ({fed.test_split_off})")
-  algo, params = wiring.build_algorithm(config, fed, log=lambda s: None)
+  algo, params = wiring.build_algorithm(plan, fed, log=lambda s: None)
   state = rounds.committed(algo.init(params, fed.train.num_clients,
                                      jax.random.key(0)))
   work = {

@@ -25,7 +25,6 @@ import jax
 
 from augfl_jax import algorithms, data, training
 from augfl_jax.core import fields
-from augfl_jax.training import presets
 from experiments import flag_help
 
 FLAGS = flags.FLAGS
@@ -252,23 +251,20 @@ def parse_flags(argv: list[str]) -> list[str]:
   return rest
 
 
-def unread_flags_warning(config: training.RunConfig,
+def unread_flags_warning(plan: training.Plan,
                          flag_values: flags.FlagValues = FLAGS
                         ) -> str | None:
   """``"warning: ignored, ..."`` naming the flags given (on the command
-  line or in a flag file) of the sections that the run of the resolved
-  ``config`` never reads (``presets.unread_sections``: ``--augfl.lam`` for
-  FedAvg, ``--pm.*`` without a PM), each with the reason; ``None`` when
-  there are none."""
-  unread = presets.unread_sections(config)
+  line or in a flag file) of the sections that the run of ``plan`` never
+  reads (``plan.unread``: ``--augfl.lam`` for FedAvg, ``--pm.*`` without a
+  PM), each with the reason; ``None`` when there are none."""
   reasons = {"pm": "the run has no PM",
              "crd": "the run has no CRD regulariser"}
-  own = (f"--algorithm={config.algorithm} reads "
-         f"--{training.config.section_name(config)}.*")
+  own = f"--algorithm={plan.config.algorithm} reads --{plan.section}.*"
   given = {}  # reason -> flags
-  for name, *_ in fields.walk(config):
+  for name, *_ in fields.walk(plan.config):
     section = name.partition(".")[0]
-    if (section in unread and name in flag_values
+    if (section in plan.unread and name in flag_values
         and flag_values[name].present):
       given.setdefault(reasons.get(section, own), []).append(f"--{name}")
   if not given:

@@ -110,7 +110,7 @@ def _optional_sections() -> frozenset[str]:
 
 def _read_sections(config: dict[str, Any]) -> dict[str, Any]:
   """``config`` without the sections its run never read
-  (``training.presets.unread_sections``: other algorithms', and ``pm`` and
+  (``training.unread_sections``: other algorithms', and ``pm`` and
   ``crd`` without a PM), so that they neither label nor fold a curve. What
   decides it is the algorithm, its own section and the regulariser; a
   config whose section this version cannot read keeps every section."""
@@ -126,7 +126,7 @@ def _read_sections(config: dict[str, Any]) -> dict[str, Any]:
   if "regularizer" in config:
     decides["regularizer"] = config["regularizer"]
   try:
-    unread = training.presets.unread_sections(
+    unread = training.unread_sections(
         fields.from_dict(default, decides))
   except (ValueError, TypeError):
     return config

@@ -152,9 +152,10 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
         "config") == resolved:
       return saved["accuracy"]
   quiet = lambda line: None
-  fed = wiring.load_federated(config)
+  plan = training.prepare(config)
+  fed = wiring.load_federated(plan)
   fed, _ = transform(fed)
-  algo, params = wiring.build_algorithm(config, fed, quiet)
+  algo, params = wiring.build_algorithm(plan, fed, quiet)
   like = algo.init(params, fed.train.num_clients, jax.random.key(0))
   manager = checkpoints.RunCheckpoints(os.path.join(run_dir, "checkpoints"))
   try:

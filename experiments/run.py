@@ -88,12 +88,12 @@ def main(argv):
   run_flags.start_command()
 
   def body():
-    config = training.validate(run_flags.config_from_flags())
-    warning = run_flags.unread_flags_warning(config)
+    plan = training.prepare(run_flags.config_from_flags())
+    warning = run_flags.unread_flags_warning(plan)
     if warning:
       print(warning, file=sys.stderr, flush=True)
     return training.run(
-        config, FLAGS.output_dir or run_flags.default_output_dir(config),
+        plan, FLAGS.output_dir or run_flags.default_output_dir(plan.config),
         log=_log, checkpoint_every=FLAGS.checkpoint_every,
         resume=FLAGS.resume, overwrite=FLAGS.overwrite,
         resume_changes=FLAGS.resume_changes)

@@ -384,7 +384,7 @@ def run_table(base: training.RunConfig, datasets: list[str],
   for dataset in datasets:
     configs[dataset] = {m: training.validate(fields.replace(
         base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
-    if "augfl" in methods and training.presets.pm_role(
+    if "augfl" in methods and training.pm_role(
         configs[dataset]["augfl"]) == "none":
       raise ValueError("AugFL w/ PM needs --augfl.lam > 0, got "
                        f"{configs[dataset]['augfl'].augfl.lam} (AugFL w/o PM "

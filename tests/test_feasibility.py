@@ -84,7 +84,7 @@ def test_memory_needs_leave_out_the_sections_the_run_does_not_read():
   config = training.validate(_config(["--algorithm=fedavg",
                                       "--crd.nce_k=100000000"]))
   flags = " ".join(f for f, *_ in feasibility.memory_needs(
-      config, training.presets.unread_sections(config)))
+      config, training.unread_sections(config)))
   assert "--crd.nce_k" not in flags and "--fedavg.batch_size=10" in flags
   assert "--pm.batch_size" not in flags
 
@@ -99,7 +99,7 @@ def test_the_replayed_flags_are_one_line_and_exit_2_on_the_cli(tmp_path):
     if " needs " in message:
       config = training.presets.resolve(_config(args))
       need = next(size for flags, size, _ in feasibility.memory_needs(
-          config, training.presets.unread_sections(config))
+          config, training.unread_sections(config))
                   if flags.startswith(args[-1]))
       if need <= available:
         continue

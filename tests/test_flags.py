@@ -12,7 +12,6 @@ from absl import flags
 
 from augfl_jax.core import fields
 from augfl_jax import algorithms, training
-from augfl_jax.training import presets
 from experiments import flag_help
 from experiments import cli as run_flags
 
@@ -174,7 +173,7 @@ def test_helpfull_adds_absl_flags():
 def _config(values, *args):
   values.unparse_flags()
   values(["prog", *args])
-  return training.validate(run_flags.config_from_flags(values))
+  return training.prepare(run_flags.config_from_flags(values))
 
 
 def test_flags_of_sections_the_run_does_not_read_are_named(run_flag_values):
@@ -198,17 +197,17 @@ def test_flags_of_sections_the_run_does_not_read_are_named(run_flag_values):
 @pytest.mark.parametrize("algorithm", sorted(algorithms.REGISTRY))
 def test_unread_sections_follow_the_pm_role(algorithm):
   config = training.validate(training.RunConfig(algorithm=algorithm))
-  unread = presets.unread_sections(config)
+  unread = training.unread_sections(config)
   own = training.config.section_name(config)
   assert own not in unread and {"data", "eval"}.isdisjoint(unread)
   assert {training.config.section_name(config, name)
           for name in algorithms.REGISTRY} - {own} <= set(unread)
-  role = presets.pm_role(config)
+  role = training.pm_role(config)
   assert ("pm" in unread) == (role == "none")
   assert ("crd" in unread) == (role != "regularizer")
   lam0 = fields.replace(config, **{"augfl.lam": 0.0})
   if own == "augfl":
-    assert {"pm", "crd"} <= set(presets.unread_sections(lam0))
+    assert {"pm", "crd"} <= set(training.unread_sections(lam0))
 
 
 @pytest.mark.slow
@@ -225,6 +224,6 @@ def test_what_a_run_does_not_read_does_not_change_it(tmp_path):
              "pm.epochs": 1, "crd.nce_k": 7, "fedbc.lr": 1.0,
              "per_fedavg.beta": 0.5, "fedoa.lam": 3.0}
   assert {n.partition(".")[0] for n in changed} == set(
-      presets.unread_sections(training.validate(training.RunConfig(
+      training.unread_sections(training.validate(training.RunConfig(
           algorithm="fedavg")))) - {"fedproto", "fedpcl", "fedcp", "fedit"}
   assert metrics("base") == metrics("changed", **changed)

@@ -143,7 +143,7 @@ def test_a_checkpoint_saved_without_checksums_reads_back_unverified(
   lines = []
   config = _config(**{"augfl.lam": 1.0, "regularizer": "l2",
                       "pm.model": "mlp", "pm.dir": path})
-  fed = wiring.load_federated(training.validate(config))
+  fed = wiring.load_federated(training.prepare(config))
   wiring.load_pm(training.validate(config), fed, lines.append)
   assert any("not verified" in l for l in lines)
 

@@ -7,7 +7,6 @@ import pytest
 
 from augfl_jax import algorithms, training
 from augfl_jax.core import fields
-from augfl_jax.training import presets
 from augfl_jax.training.config import algorithm_config
 
 
@@ -32,7 +31,7 @@ def test_every_algorithm_runs_on_the_embedded_datasets(tmp_path, pm_root,
   config = training.RunConfig(dataset=dataset, algorithm=algorithm,
                               rounds=2, pm=training.PMConfig(epochs=1))
   resolved = training.validate(config)
-  needs_pm = presets.pm_role(resolved) != "none"
+  needs_pm = training.pm_role(resolved) != "none"
   if needs_pm:
     # FedLP's PM is the client model; the others share the dataset's PM.
     name = resolved.pm.model + ("_client" if algorithm == "fedlp" else "")
@@ -93,5 +92,5 @@ def test_defaults_that_depend_on_the_method():
   assert "--data.server_size" in str(e.value)
   assert "--augfl.lam=0" in str(e.value)
   # AugFL without its regulariser needs no PM, hence no server split.
-  assert presets.pm_role(resolve(dataset="synthetic", algorithm="augfl",
+  assert training.pm_role(resolve(dataset="synthetic", algorithm="augfl",
                                  **{"augfl.lam": 0.0})) == "none"

@@ -346,9 +346,9 @@ def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
                      _state(tmp_path / "every", 2))
   # The explicit participant list of everyone takes the gather/scatter path
   # and must give the same round as participants=None.
-  config = training.validate(_config(algorithm=algorithm, **extra))
-  fed = wiring.load_federated(config)
-  algo, params = wiring.build_algorithm(config, fed, lambda s: None)
+  plan = training.prepare(_config(algorithm=algorithm, **extra))
+  fed = wiring.load_federated(plan)
+  algo, params = wiring.build_algorithm(plan, fed, lambda s: None)
   state = jax.device_put(algo.init(params, fed.train.num_clients,
                                    jax.random.key(0)), jax.devices()[0])
   a, _ = algo.round(state, fed.train, None)
@@ -373,14 +373,14 @@ def test_partial_participation_touches_only_participants(pm_dir, algorithm):
   extra = PARTIAL[algorithm]
   if "pm.model" in extra:
     extra = {**extra, "pm.dir": pm_dir}
-  config = training.validate(_config(algorithm=algorithm,
-                                     clients_per_round=5, **extra))
-  fed = wiring.load_federated(config)
-  algo, params = wiring.build_algorithm(config, fed, lambda s: None)
+  plan = training.prepare(_config(algorithm=algorithm,
+                                  clients_per_round=5, **extra))
+  fed = wiring.load_federated(plan)
+  algo, params = wiring.build_algorithm(plan, fed, lambda s: None)
   n = fed.train.num_clients
   state = jax.device_put(algo.init(params, n, jax.random.key(1)),
                          jax.devices()[0])
-  ids = loop.sample_participants(config.seed, 1, n, 5)
+  ids = loop.sample_participants(plan.config.seed, 1, n, 5)
   new, metrics = algo.round(state, fed.train, ids)
   assert np.isfinite(float(metrics["loss"]))
   if "client_loss" in metrics:

@@ -74,11 +74,11 @@ def test_digits_clients_are_what_the_partition_left_unused():
 
 def test_the_same_clients_for_every_method_of_a_seed():
   def test_clients(seed, **changes):
-    config = training.validate(fields.replace(
+    plan = training.prepare(fields.replace(
         training.RunConfig(seed=seed, **{k: v for k, v in changes.items()
                                          if "." not in k}),
         **{k: v for k, v in changes.items() if "." in k}))
-    return wiring.load_federated(config).test_split.clients
+    return wiring.load_federated(plan).test_split.clients
 
   base = test_clients(0)
   for changes in ({"algorithm": "fedavg"}, {"augfl.lam": 0.0},
@@ -123,7 +123,7 @@ def test_a_missing_test_split_is_said_once_or_stops_the_run(tmp_path):
       dataset="fashion_mnist", algorithm="fedavg",
       data=training.DataConfig(data_dir=root, num_clients=10, M=10,
                                server_size=100))
-  fed = wiring.load_federated(training.validate(config))
+  fed = wiring.load_federated(training.prepare(config))
   description = fed.describe()
   assert fed.test_split is None
   off = [line for line in description.splitlines() if "test-split" in line]

@@ -20,13 +20,14 @@ calls; a Python user calls it the same way::
 """
 
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
-                                presets, resume, rounds, safety, wiring)
+                                plan, presets, resume, rounds, safety, wiring)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
-                                       RunConfig, resumable_fields,
-                                       resume_changes)
+                                       RunConfig, pm_role, resumable_fields,
+                                       resume_changes, unread_sections)
 from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
                                      RunInterrupted, run)
 from augfl_jax.training.outputs import OutputDirError
-from augfl_jax.training.presets import resolve, validate
+from augfl_jax.training.plan import Plan, prepare, validate
+from augfl_jax.training.presets import resolve
 from augfl_jax.training.safety import StopSignals
 from augfl_jax.core.progress import Progress

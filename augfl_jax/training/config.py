@@ -292,6 +292,25 @@ def unused_sections(config: RunConfig) -> tuple[str, ...]:
       type(config)).items() if cls in registered and name != own))
 
 
+def pm_role(config: RunConfig) -> str:
+  """What the run's PM does (``algorithms.PM_ROLES``): its algorithm's
+  role, or ``"none"`` where the algorithm's configuration leaves the PM out
+  (``AlgorithmSpec.active_role``: AugFL at lam 0)."""
+  return algorithms.spec(config.algorithm).active_role(
+      algorithm_config(config), config.regularizer)
+
+
+def unread_sections(config: RunConfig) -> tuple[str, ...]:
+  """The sections of ``config`` that its run never reads: the other
+  algorithms' (:func:`unused_sections`), ``pm`` when the run has no PM
+  (:func:`pm_role` ``"none"``) and ``crd`` unless the PM teaches through
+  CRD."""
+  role = pm_role(config)
+  return tuple(sorted(
+      unused_sections(config) + ("pm",) * (role == "none") +
+      ("crd",) * (role != "regularizer" or config.regularizer != "crd")))
+
+
 def resumable_fields(config: RunConfig) -> tuple[str, ...]:
   """The fields a resumed run may change (their metadata says
   ``resume="free"``): they do not change the maths (``rounds``: more

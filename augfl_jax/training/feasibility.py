@@ -1,6 +1,6 @@
 """What a resolved configuration asks of the machine and of its models,
 checked before anything is loaded or compiled (:func:`check`, called by
-``presets.validate``), each refusal one line naming the flag:
+``plan.prepare``), each refusal one line naming the flag:
 
 * every integer fits 32 bits (the index type of JAX's arrays):
   ``--rounds=99999999999999999999`` is refused, not run for ever;
@@ -96,7 +96,7 @@ def check_pm_kwargs(config: RunConfig, kwargs: dict) -> None:
 def check(config: RunConfig, unread: tuple[str, ...]) -> None:
   """The checks of the module docstring on the resolved ``config`` but the
   PM's kwargs' (:func:`check_pm_kwargs`); ``unread``: the sections its run
-  does not read (``presets.unread_sections``).
+  does not read (``config.unread_sections``).
 
   Raises:
     ValueError: one line naming the flag, the bound and the value.

@@ -30,17 +30,17 @@ import os
 import signal
 from typing import Any, Callable, Sequence
 
-import jax
 
 from augfl_jax.storage import checkpoint
 from augfl_jax import data
 from augfl_jax.pm import pretrain
 from augfl_jax.core.progress import counted
-from augfl_jax.training import presets, rounds, wiring
+from augfl_jax.training import rounds, wiring
 from augfl_jax.training import resume as resuming
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import RunConfig
 from augfl_jax.training.outputs import OutputDir, OutputDirError
+from augfl_jax.training.plan import Plan, prepare
 from augfl_jax.training.rounds import sample_participants
 from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
                                        StopSignals)
@@ -51,7 +51,7 @@ __all__ = ["run", "CHECKPOINT_EVERY", "NonFiniteError", "RunInterrupted",
 CHECKPOINT_EVERY = 50
 
 
-def run(config: RunConfig, output_dir: str,
+def run(config: RunConfig | Plan, output_dir: str,
         log: Callable[[str], None] = print, *,
         checkpoint_every: int = CHECKPOINT_EVERY, resume: bool = False,
         overwrite: bool = False, resume_changes: Sequence[str] = (),
@@ -61,7 +61,8 @@ def run(config: RunConfig, output_dir: str,
   """Trains ``config.algorithm`` and scores it on the held-out clients.
 
   Args:
-    config: the run's configuration (resolved and checked here).
+    config: the run's configuration (resolved and checked here: its
+      :class:`Plan`), or the plan ``training.prepare`` made of it.
     output_dir: where the run's files go (module docstring).
     log: receives progress lines.
     checkpoint_every: save the run state every this many rounds and at the
@@ -89,7 +90,8 @@ def run(config: RunConfig, output_dir: str,
     NonFiniteError: a round or an evaluation produced a NaN or inf.
     RunInterrupted: SIGINT/SIGTERM.
   """
-  config = presets.validate(config)
+  plan = config if isinstance(config, Plan) else prepare(config)
+  config = plan.config
   resume_changes = tuple(resume_changes)
   resuming.check_run_control(config, checkpoint_every, resume, overwrite,
                      resume_changes)
@@ -97,15 +99,15 @@ def run(config: RunConfig, output_dir: str,
   created = not os.path.exists(output_dir)
   out.check_writable()
   with out.lock(remove_if_unused=created), StopSignals() as stop:
-    return _run_locked(config, out, log, checkpoint_every, resume,
+    return _run_locked(plan, out, log, checkpoint_every, resume,
                        overwrite, resume_changes, transform_data, stop)
 
 
-def _run_locked(config, out, log, checkpoint_every, resume, overwrite,
+def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
                 resume_changes, transform_data, stop) -> dict[str, Any]:
   checkpoints = RunCheckpoints(out.file("checkpoints"))
   try:
-    summary = _train(config, out, checkpoints, log, checkpoint_every,
+    summary = _train(plan, out, checkpoints, log, checkpoint_every,
                      resume, overwrite, resume_changes, transform_data, stop)
   except BaseException:
     # A save in flight completes even when an exception stops the run; its
@@ -116,9 +118,10 @@ def _run_locked(config, out, log, checkpoint_every, resume, overwrite,
   return summary
 
 
-def _train(config, out, checkpoints, log, checkpoint_every, resume,
+def _train(plan, out, checkpoints, log, checkpoint_every, resume,
            overwrite, resume_changes, transform_data, stop
           ) -> dict[str, Any]:
+  config = plan.config
   resumed_from = resuming.plan(config, out, checkpoints, resume,
                                overwrite, resume_changes, log)
   start_round = resumed_from or 0  # a resume may start at round 0
@@ -133,7 +136,7 @@ def _train(config, out, checkpoints, log, checkpoint_every, resume,
     except OutputDirError:
       log(f"{out.file('summary.json')} is cut short: it is written again")
 
-  fed = wiring.load_federated(config)
+  fed = wiring.load_federated(plan)
   description = fed.describe()
   if transform_data is not None:
     fed = transform_data(fed)
@@ -149,18 +152,17 @@ def _train(config, out, checkpoints, log, checkpoint_every, resume,
                         checkpoints.path(resumed_from), log)
   log(description)
   kept = None if resumed_from is None else checkpoints.path(start_round)
-  new_pm = (presets.pm_role(config) != "none" and
+  new_pm = (plan.pm_role != "none" and
             not checkpoint.exists(config.pm.dir))
   try:
     algo, params = wiring.build_algorithm(
-        config, fed, log, should_stop=lambda: stop.signum is not None)
+        plan, fed, log, should_stop=lambda: stop.signum is not None)
   except pretrain.Stopped as e:
     raise RunInterrupted(
         f"{signal.Signals(stop.signum).name} during PM pretraining ({e}): "
         "this run saved no PM and trained no round", stop.signum,
         start_round, kept) from None
-  run_key = jax.random.split(jax.random.key(config.seed))[1]
-  state = rounds.committed(algo.init(params, num_clients, run_key))
+  state = rounds.committed(algo.init(params, num_clients, plan.keys()[1]))
   if stop.signum is not None:
     pm_kept = (f"; the PM it pretrained is saved in {config.pm.dir} and is "
                "reused" if new_pm and checkpoint.exists(config.pm.dir)

@@ -1,14 +1,12 @@
-"""Presets and checks: a :class:`RunConfig` with every default filled in.
+"""Presets: a :class:`RunConfig` with every default filled in.
 
 :func:`resolve` fills the fields left ``None`` or ``"auto"``, in this order:
 the dataset's preset (``DatasetSpec.preset``), the paper's values
 (:data:`PAPER_DEFAULTS`, §VI-A and the reference's PM recipe), the dataset's
 protocol sizes (``DatasetSpec``) and the backend's measured choices
 (``client_axis.default_strategy``, ``models.default_conv_impl``).
-:func:`validate` resolves and checks everything that can be checked before
-data is loaded or anything is compiled (the sizes against the machine:
-:mod:`.feasibility`), and raises ``ValueError`` with one line naming the
-flag (``--augfl.rho``) and what would be right.
+The checks of a resolved configuration and the plan of its run are
+:mod:`.plan`'s.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ from augfl_jax import algorithms, data, models
 from augfl_jax.core import client_axis as clients
 from augfl_jax.pm import store as pm
 from augfl_jax.core import fields
-from augfl_jax.training import feasibility
 from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
-                                       section_name, unused_sections)
+                                       pm_role)
 
 # The paper's values where the paper or the reference code gives one.
 PAPER_DEFAULTS = {"norm": "batch", "pm.model": "resnet32x4",
@@ -38,25 +35,6 @@ SERVER_SPLIT_SEED = 0
 # The fast-adaptation step of the paper (alpha), for methods without one
 # (``AlgorithmSpec.eval_alpha``).
 PAPER_ALPHA = 0.03
-
-
-def pm_role(config: RunConfig) -> str:
-  """What the run's PM does (``algorithms.PM_ROLES``): its algorithm's
-  role, or ``"none"`` where the algorithm's configuration leaves the PM out
-  (``AlgorithmSpec.active_role``: AugFL at lam 0)."""
-  return algorithms.spec(config.algorithm).active_role(
-      algorithm_config(config), config.regularizer)
-
-
-def unread_sections(config: RunConfig) -> tuple[str, ...]:
-  """The sections of ``config`` that its run never reads: the other
-  algorithms' (``config.unused_sections``), ``pm`` when the run has no PM
-  (:func:`pm_role` ``"none"``) and ``crd`` unless the PM teaches through
-  CRD."""
-  role = pm_role(config)
-  return tuple(sorted(
-      unused_sections(config) + ("pm",) * (role == "none") +
-      ("crd",) * (role != "regularizer" or config.regularizer != "crd")))
 
 
 def server_split_seed(config: RunConfig) -> int:
@@ -153,67 +131,3 @@ def model_kwargs(name: str, norm: str, json_kwargs: str = "",
     kwargs.update({k: tuple(v) if isinstance(v, list) else v
                    for k, v in extra.items()})
   return kwargs
-
-
-def _without_pm(config: RunConfig) -> str:
-  """``", or use --<field>=0"``: a field of the algorithm's section that
-  leaves the PM out at 0 (AugFL's lam), or ``""`` when there is none."""
-  spec, section = algorithms.spec(config.algorithm), section_name(config)
-  for name, _, _, value in fields.walk(algorithm_config(config),
-                                       section + "."):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-      try:
-        off = algorithm_config(fields.replace(config, **{name: 0 * value}))
-      except ValueError:
-        continue
-      if spec.active_role(off, config.regularizer) == "none":
-        return f", or use --{name}=0"
-  return ""
-
-
-def validate(config: RunConfig) -> RunConfig:
-  """Resolves ``config`` and checks it; returns the resolved config.
-
-  Raises:
-    ValueError: one line saying what is wrong and what would be right.
-    data.DatasetUnavailableError: the dataset's files are not on this
-      machine (one line: the files, the places searched, how to get them).
-  """
-  if config.algorithm not in algorithms.REGISTRY:
-    raise ValueError(f"unknown algorithm {config.algorithm!r}; choose one of "
-                     f"{', '.join(algorithms.REGISTRY)}")
-  config = resolve(config)
-  known_models = models.available_models()
-  role, d = pm_role(config), config.data
-  checks = [
-      (config.model in known_models, f"unknown --model {config.model!r}; "
-       f"choose one of {', '.join(known_models)}"),
-      (role == "none" or d.server_size > 0,
-       f"{config.algorithm} needs a pretrained model, trained on a server "
-       "split, but --data.server_size is 0; give the server examples "
-       "(--data.server_size=N)" + _without_pm(config)),
-      (role == "none" or config.pm.model in known_models,
-       f"unknown --pm.model {config.pm.model!r}; choose one of "
-       f"{', '.join(known_models)}"),
-  ]
-  for ok, message in checks:
-    if not ok:
-      raise ValueError(message)
-  if role != "none":
-    kwargs = model_kwargs(config.pm.model, config.norm, config.pm.kwargs,
-                          config.conv_impl)
-    if config.pm.kwargs:
-      feasibility.check_pm_kwargs(config, kwargs)
-  feasibility.check(config, unread_sections(config))
-  clients.ClientStrategy(config.strategy, config.chunk_size or None)
-  location = data.locate(config.dataset, config.data.data_dir)
-  if config.eval.test_split == "on":
-    try:
-      data.locate_test_split(config.dataset, location)
-    except data.OfficialTestSplitUnavailable as e:
-      raise ValueError(f"--eval.test_split=on: {e}; pass "
-                       "--eval.test_split=auto or off to run without "
-                       "it") from None
-  if location.kind != "embedded":  # record where the files are
-    config = fields.replace(config, **{"data.data_dir": location.path})
-  return config

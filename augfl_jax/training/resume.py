@@ -18,8 +18,7 @@ import numpy as np
 from augfl_jax import data
 from augfl_jax.core import fields
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
-from augfl_jax.training import presets
-from augfl_jax.training.config import RunConfig, resumable_fields
+from augfl_jax.training.config import RunConfig, pm_role, resumable_fields
 from augfl_jax.training.config import resume_changes as resume_changes_of
 from augfl_jax.training.config import unused_sections
 from augfl_jax.training.outputs import OutputDir, OutputDirError
@@ -31,7 +30,7 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
   ``saved`` outside :func:`resumable_fields` and ``resume_changes``, or
   whose changes give the run another PM role (AugFL's lam to or from 0:
   the checkpoint holds the PM's state, or lacks it)."""
-  before, after = presets.pm_role(saved), presets.pm_role(config)
+  before, after = pm_role(saved), pm_role(config)
   named = [n for n in resume_changes
            if fields.get(saved, n) != fields.get(config, n)]
   if before != after and named:

@@ -1,7 +1,8 @@
-"""From a resolved :class:`RunConfig` to data, models and an algorithm.
+"""From a run's plan (:mod:`.plan`) to its data, models and algorithm.
 
-Each algorithm declares its PM role once (``algorithms.REGISTRY``); this is
-the one place that acts on it:
+Each algorithm declares its PM role once (``algorithms.REGISTRY``; the plan
+holds the role its configuration gives it); this is the one place that acts
+on it:
 
 * ``regularizer`` (AugFL with lam > 0, KT-only): the PM stays on the server
   inside ``grad R_h`` (:mod:`augfl_jax.transfer`);
@@ -23,21 +24,20 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import algorithms, data, models, transfer
-from augfl_jax.core import client_axis as clients
 from augfl_jax.pm import store as pm, pretrain
 from augfl_jax.training import presets
-from augfl_jax.training.config import RunConfig, algorithm_config
+from augfl_jax.training.config import RunConfig
+from augfl_jax.training.plan import Plan
 
 Log = Callable[[str], None]
 
 
-def load_federated(config: RunConfig,
-                   location: data.Location | None = None
-                  ) -> data.FederatedData:
-  """The run's federated data (``data.load_federated``, at ``location``
-  when given): ``describe()`` names the files read, the partition, the
+def load_federated(plan: Plan) -> data.FederatedData:
+  """The run's federated data (``data.load_federated`` at the plan's
+  location): ``describe()`` names the files read, the partition, the
   server split's class histogram, the test-split clients or why there are
   none."""
+  config = plan.config
   d, test_split = config.data, config.eval.test_split
   try:
     fed = data.load_federated(
@@ -45,7 +45,7 @@ def load_federated(config: RunConfig,
         classes_per_client=d.classes_per_client, server_size=d.server_size,
         partition=d.partition, dirichlet_alpha=d.dirichlet_alpha,
         support_fraction=d.support_fraction, seed=config.seed,
-        data_dir=d.data_dir, location=location,
+        location=plan.location,
         test_clients=0 if test_split == "off" else config.eval.test_clients,
         test_split="on" if test_split == "on" else "auto",
         server_overlap=d.server_overlap)
@@ -110,13 +110,13 @@ def pm_apply(config: RunConfig, module, variables):
   return apply, getattr(module, "norm", "none") != "batch"
 
 
-def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log,
+def build_algorithm(plan: Plan, fed: data.FederatedData, log: Log,
                     should_stop: Callable[[], bool] | None = None
                    ) -> tuple[algorithms.FederatedAlgorithm, Any]:
   """``(algorithm, initial_params)`` for the run, with the PM wired in by
   its role (module docstring); ``should_stop``: asked while the PM is
   pretrained (``pretrain.Stopped``)."""
-  role = presets.pm_role(config)
+  config, role = plan.config, plan.pm_role
   model = models.create_model(
       config.model, fed.num_classes,
       **presets.model_kwargs(config.model, config.norm,
@@ -127,10 +127,11 @@ def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log,
     module, variables, _ = load_pm(config, fed, log, should_stop)
     pm_params = variables["params"]
     teacher, per_example = pm_apply(config, module, variables)
-  init_key = jax.random.split(jax.random.key(config.seed))[0]
   params = None
   if role == "regularizer":
-    log(f"server regulariser {config.regularizer}, lam {config.augfl.lam}")
+    weight = getattr(plan.algorithm_config, "lam", None)  # of R_h
+    log(f"server regulariser {config.regularizer}"
+        + ("" if weight is None else f", lam {weight}"))
     regularizer = transfer.make_regularizer(
         config.regularizer, student_apply=models.make_features_fn(model),
         teacher_apply=teacher, pm_params=pm_params, server=fed.server,
@@ -148,16 +149,14 @@ def build_algorithm(config: RunConfig, fed: data.FederatedData, log: Log,
     if role == "backbone":
       model = module
   if params is None:
-    params = models.init_params(model, init_key, input_shape)
+    params = models.init_params(model, plan.keys()[0], input_shape)
   name = {"backbone": f"{config.pm.model} + LoRA",
           "encoder": "projector mlp"}.get(role, config.model)
   log(f"model {name}: {models.num_params(params):,} parameters; algorithm "
       f"{config.algorithm}; {fed.train.num_clients} train / "
       f"{fed.test.num_clients} test clients")
   algo = algorithms.build(
-      config.algorithm, model, algorithm_config(config),
-      strategy=clients.ClientStrategy(config.strategy,
-                                      config.chunk_size or None),
+      config.algorithm, model, plan.algorithm_config, strategy=plan.strategy,
       eval_alpha=config.eval.alpha, eval_steps=config.eval.steps,
       regularizer=regularizer, encoder_apply=encoder_apply)
   return algo, params
