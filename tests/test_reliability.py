@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from augfl_jax.algorithms import fedavg
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax import data, models, training
 from augfl_jax.core import fields, tree
@@ -298,9 +299,27 @@ def test_bad_participants_are_refused_where_they_are_concrete(participants,
     round_fn(state, clients, participants=ids)
   with pytest.raises(ValueError, match=message):
     round_fn(state, clients, None, np.asarray(participants))  # positional
-  with pytest.raises(ValueError, match=message):  # without jit: eagerly
-    with jax.disable_jit():
-      tree.client_subset(ids)[0](clients.support)
+  fedavg_round = fedavg.make_round(tiny.loss_fn, fedavg.FedAvgConfig(),
+                                  "vmap")  # every method's round
+  with pytest.raises(ValueError, match=message):
+    fedavg_round(fedavg.init_state(tiny.init(jax.random.key(0)),
+                                   jax.random.key(1)), clients, ids)
+
+
+@pytest.mark.parametrize("participants,message", [
+    ([0, 100], r"participants \[100\] are not client ids: the 32 clients"),
+    ([3, 3, 5], r"participants \[3\] appear more than once"),
+])
+def test_bad_participants_are_refused_where_a_run_draws_them(
+    monkeypatch, tmp_path, participants, message):
+  """The training path traces its round (the guard fuses it): the ids are
+  checked as they are drawn, before the round runs."""
+  monkeypatch.setattr(training.loop, "sample_participants",
+                      lambda *args: np.asarray(participants))
+  with pytest.raises(ValueError, match=message):
+    training.run(_config(algorithm="fedavg", rounds=1), str(tmp_path),
+                 log=QUIET)
+  assert not os.path.exists(tmp_path / "summary.json")
 
 
 def test_good_participants_run_and_traced_ones_are_not_checked():

@@ -127,7 +127,7 @@ def make_averaging_round(
     return (state.replace(params=params, round=state.round + 1),
             loss_metrics(losses, weights))
 
-  return jax.jit(round_fn)
+  return tree.checked_round(jax.jit(round_fn), position=2)
 
 
 def constructor(name: str, make_round: Callable

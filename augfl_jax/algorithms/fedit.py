@@ -124,7 +124,7 @@ def make_round(model: nn.Module, config: FedITConfig,
                           round=state.round + 1),
             averaging.loss_metrics(losses, weights))
 
-  return jax.jit(round_fn)
+  return tree.checked_round(jax.jit(round_fn), position=2)
 
 
 def global_params(state, config: FedITConfig) -> Params:

@@ -92,8 +92,9 @@ def check_participants(participants: Any, num_clients: int) -> None:
   of 32 clients trains client 31) and dropped when they are written back
   (its update is lost); a repeated id trains that client twice and counts
   it twice in the round's loss; an empty array makes the loss 0/0 = NaN.
-  Call this where the ids are known (the rounds of
-  :func:`augfl_jax.algorithms.augfl.round.make_round` do, before entering jit).
+  Call this where the ids are known: every method's ``make_round`` does,
+  before entering jit (:func:`checked_round`), and ``training.run`` where it
+  draws them.
   """
   if participants is None or isinstance(participants, jax.core.Tracer):
     return
@@ -151,16 +152,11 @@ def client_subset(participants: jax.Array | None):
   ``participants=None`` (everyone) both are the identity, so full
   participation costs no gather or scatter.
 
-  ``participants`` must be distinct ids in ``[0, C)``: concrete ids are
-  checked on the first ``select`` (:func:`check_participants`); traced ids
-  cannot be, and out-of-range or repeated ones then give wrong rounds
-  silently (see there).
+  ``participants`` must be distinct ids in ``[0, C)``: a round checks
+  them before it is traced (:func:`checked_round`); out-of-range or
+  repeated ids give wrong rounds silently (:func:`check_participants`).
   """
   if participants is None:
     return (lambda stacked: stacked), (lambda stacked, rows: rows)
-
-  def select(stacked):
-    check_participants(participants, jax.tree.leaves(stacked)[0].shape[0])
-    return take(stacked, participants)
-
-  return (select, lambda stacked, rows: put(stacked, participants, rows))
+  return (lambda stacked: take(stacked, participants),
+          lambda stacked, rows: put(stacked, participants, rows))

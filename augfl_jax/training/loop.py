@@ -30,14 +30,13 @@ import os
 import signal
 from typing import Any, Callable, Sequence
 
-
-from augfl_jax.storage import checkpoint
 from augfl_jax import data
-from augfl_jax.pm import pretrain
 from augfl_jax.core.progress import counted
-from augfl_jax.training import rounds, wiring
+from augfl_jax.pm import pretrain
+from augfl_jax.storage import checkpoint
 from augfl_jax.training import resume as resuming
-from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
+from augfl_jax.training import rounds, scoring, wiring
+from augfl_jax.training.checkpoints import RunCheckpoints
 from augfl_jax.training.config import RunConfig
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 from augfl_jax.training.plan import Plan, prepare
@@ -122,8 +121,8 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
            overwrite, resume_changes, transform_data, stop
           ) -> dict[str, Any]:
   config = plan.config
-  resumed_from = resuming.plan(config, out, checkpoints, resume,
-                               overwrite, resume_changes, log)
+  resumed_from = resuming.find_start(config, out, checkpoints, resume,
+                                     overwrite, resume_changes, log)
   start_round = resumed_from or 0  # a resume may start at round 0
   if start_round == config.rounds and os.path.exists(
       out.file("summary.json")):
@@ -173,11 +172,9 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
         stop.signum, start_round, kept)
   resumed = None if resumed_from is None else resuming.restore(
       config, out, checkpoints, state, resume_changes, log)
-
-  done = [start_round if resumed is None else resumed.round]
-  try:
-    return rounds.run_rounds(config, out, checkpoints, log, checkpoint_every,
-                              stop, fed, description, digest, algo, state,
-                              resumed, done)
-  except (OSError, CheckpointError) as e:
-    raise resuming.write_error(e, out, checkpoints, done[0]) from None
+  return rounds.RoundLoop(
+      rounds.LoopConfig.of(config, checkpoint_every), out, checkpoints,
+      algo, fed.train, scoring.Scorers.of(algo.evaluate, fed),
+      lambda r: sample_participants(config.seed, r, num_clients,
+                                    config.clients_per_round),
+      log, stop, description, digest).run(state, resumed, start_round)

@@ -1,6 +1,6 @@
 """Starting or resuming a run in its output directory: the checks of
-``run``'s arguments, the plan (a fresh run or the checkpoint to resume
-from), the checkpoint's configuration and data against the resumed one's,
+``run``'s arguments, where it starts (a fresh run or the checkpoint to
+resume from: :func:`find_start`), the checkpoint's configuration and data against the resumed one's,
 the step sizes a resume changes (``changes.jsonl``), the restored state,
 and the one-line error for a file of the run that could not be written.
 """
@@ -122,9 +122,9 @@ def saved_config(out: OutputDir, checkpoints: RunCheckpoints, log,
   return None
 
 
-def plan(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
-          resume: bool, overwrite: bool, resume_changes: Sequence[str],
-          log) -> int | None:
+def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
+               resume: bool, overwrite: bool,
+               resume_changes: Sequence[str], log) -> int | None:
   """The checkpoint step to resume from (``None``: a fresh run), after
   checking the directory against the run. Raises ``ValueError``."""
   foreign = out.foreign()

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from augfl_jax.core import jit
+
 __all__ = ["guard_round", "describe", "StopSignals", "NonFiniteError",
            "RunInterrupted"]
 
@@ -81,7 +83,7 @@ def guard_round(round_fn: Callable[..., tuple[Any, dict[str, jax.Array]]],
     return kept, metrics, ok, (state_flags, metric_flags)
 
   if fused:
-    return _hoisted_jit(guarded)
+    return jit.hoisted_jit(guarded, donate_first=True)
   check = jax.jit(lambda new, metrics: _nonfinite(new, metrics, num_clients))
 
   def unfused(state, clients, participants=None):
@@ -90,33 +92,6 @@ def guard_round(round_fn: Callable[..., tuple[Any, dict[str, jax.Array]]],
     return (new if bool(ok) else state), metrics, ok, (state_flags,
                                                        metric_flags)
   return unfused
-
-
-def _hoisted_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-  """``jax.jit(fn, donate_argnums=0)``, except that the arrays ``fn``
-  closes over (a regulariser's server data and PM weights) become arguments
-  of the compiled program instead of constants baked into it. Traced once
-  per structure of the arguments (``participants`` None or ``[K]``)."""
-  compiled = {}
-
-  def call(*args):
-    flat, tree = jax.tree.flatten(args)
-    key = (tree, tuple((jnp.shape(a), jnp.result_type(a)) for a in flat))
-    if key not in compiled:
-      closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-      out_tree = jax.tree.structure(out_shape)
-
-      def guarded_round(state_leaves, other, consts):  # named in jax's logs
-        return jax.tree.unflatten(out_tree, jax.core.eval_jaxpr(
-            closed.jaxpr, consts, *state_leaves, *other))
-
-      run = jax.jit(guarded_round, donate_argnums=0)
-      compiled[key] = (run, list(closed.consts),
-                       len(jax.tree.leaves(args[0])))
-    run, consts, num_state = compiled[key]
-    return run(flat[:num_state], flat[num_state:], consts)
-
-  return call
 
 
 def describe(flags: Any, participants: np.ndarray | None,

@@ -51,9 +51,9 @@ from augfl_jax.transfer.nce import (class_table, crd_loss, embed,
 from augfl_jax.transfer.shared_negatives import (crd_loss_shared,
                                                  sample_shared)
 from augfl_jax.transfer.server_data import (all_outputs, crop_flip,
-                                            hoist_constants,
                                             minibatch_positions,
                                             server_arrays)
+from augfl_jax.core import jit
 from augfl_jax.core.types import Batch, Params, PRNGKey
 
 
@@ -154,7 +154,7 @@ def make_crd_regularizer(student_apply: StudentApply,
                            optax.sgd(config.student_lr, config.head_momentum))
   moving = config.student_lr > 0
   shared = config.negative_sampling == "shared"
-  teacher_fn, teacher_consts = hoist_constants(
+  teacher_fn, teacher_consts = jit.hoist(
       teacher_apply, jax.ShapeDtypeStruct((batch_size,) + x_all.shape[1:],
                                           x_all.dtype),
       jax.ShapeDtypeStruct((batch_size,), jnp.float32))

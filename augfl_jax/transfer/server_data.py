@@ -90,24 +90,6 @@ def crop_flip(keys: PRNGKey, x: jax.Array, fill: jax.Array) -> jax.Array:
   return jax.vmap(one)(keys, x)
 
 
-def hoist_constants(fn: Callable[..., Any], *specs: jax.ShapeDtypeStruct):
-  """``(fn2, consts)`` with ``fn2(consts, *args) == fn(*args)``.
-
-  ``fn`` (the PM, parameters closed over) is traced once for arguments of
-  the shapes ``specs``; the arrays it closes over become ``consts``, so a jit
-  of ``fn2`` takes them as arguments instead of baking megabytes of PM
-  weights into the compiled program as constants.
-  """
-  closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*specs)
-  out_tree = jax.tree.structure(out_shape)
-
-  def fn2(consts, *args):
-    flat = jax.core.eval_jaxpr(closed.jaxpr, consts, *args)
-    return jax.tree.unflatten(out_tree, flat)
-
-  return fn2, list(closed.consts)
-
-
 def all_outputs(apply_fn: Callable[[Any, jax.Array, jax.Array], Any],
                 consts: Any, x: jax.Array, batch_size: int) -> Any:
   """``apply_fn(consts, x_chunk, ones)`` over ``x [n, ...]`` in chunks of

@@ -143,7 +143,7 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
         lambdas=merge(state.lambdas, lams), gammas=merge(state.gammas, gammas),
         round=state.round + 1), metrics
 
-  return jax.jit(round_fn)
+  return tree.checked_round(jax.jit(round_fn), position=2)
 
 
 def make_evaluate(loss_fn: LossFn, eval_fn: evaluation.EvalFn,

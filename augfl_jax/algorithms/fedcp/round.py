@@ -191,7 +191,7 @@ def make_round(model: nn.Module, config: FedCPConfig,
         round=state.round + 1)
     return new_state, averaging.loss_metrics(losses, weights)
 
-  return jax.jit(round_fn)
+  return tree.checked_round(jax.jit(round_fn), position=2)
 
 
 def make_evaluate(model: nn.Module, config: FedCPConfig, *,

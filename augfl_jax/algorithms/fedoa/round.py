@@ -140,7 +140,7 @@ def make_round(model: nn.Module, config: FedOAConfig,
         personal_adapters=merge_rows(state.personal_adapters, personals),
         round=state.round + 1), metrics
 
-  return jax.jit(round_fn)
+  return tree.checked_round(jax.jit(round_fn), position=2)
 
 
 global_params = fedit.global_params

@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax.core import client_axis as clients_lib
-from augfl_jax.core import evaluation, local
+from augfl_jax.core import evaluation, local, tree
 from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.algorithms.fedpcl import contrastive as fedpcl_contrastive
 from augfl_jax.core import fields
@@ -168,7 +168,7 @@ def make_round(model: nn.Module, config: FedPCLConfig,
     return prototypes.server_step(state, merge, params, protos, counts,
                                   losses, weights, config.proto_weighting)
 
-  return jax.jit(round_fn)
+  return tree.checked_round(jax.jit(round_fn), position=2)
 
 
 def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
