@@ -23,6 +23,12 @@ from augfl_jax.core import tree
 from augfl_jax.algorithms import base
 from augfl_jax.core.types import ClientData, Params, PRNGKey
 
+__all__ = [
+    "AveragingState", "client_keys", "constructor", "heldout_keys",
+    "init_state", "LocalUpdate", "loss_metrics", "make_averaging_round",
+    "participant_keys", "run_participants"
+]
+
 # local_update(server_params, one_client_data, key) -> (client_params, loss)
 LocalUpdate = Callable[[Params, ClientData, PRNGKey], tuple[Params, jax.Array]]
 

@@ -30,6 +30,11 @@ from augfl_jax.core import evaluation
 from augfl_jax import models
 from augfl_jax.core.types import ClientData, Params, PRNGKey
 
+__all__ = [
+    "AlgorithmSpec", "CLIENT_SIZE_ROLES", "fast_adapt_evaluate",
+    "FederatedAlgorithm", "no_pm", "PM_ROLES", "Regularizer", "Strategy"
+]
+
 PM_ROLES = ("none", "regularizer", "initialization", "encoder", "backbone")
 # The roles whose PM is a model of the client's architecture, pretrained on
 # the server split: FedLP starts from it; FedPCL's frozen encoder is it (the

@@ -22,6 +22,11 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
+__all__ = [
+    "fedavg", "FedAvgConfig", "fedlp", "init_state", "local_update",
+    "make_round", "SPECS", "TRAIN_ON"
+]
+
 TRAIN_ON = ("all", "support")
 
 

@@ -30,7 +30,12 @@ from augfl_jax.algorithms import averaging, base
 from augfl_jax.models import lora
 from augfl_jax.core import fields
 from augfl_jax.core.fields import field
-from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
+from augfl_jax.core.types import ClientData, Params, PRNGKey
+
+__all__ = [
+    "adapter_loss_fn", "fedit", "FedITConfig", "FedITState", "global_params",
+    "init_state", "local_update", "make_evaluate", "make_round", "SPECS"
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,20 +168,6 @@ def make_evaluate(model: nn.Module, config: FedITConfig, *,
                                                          strategy))
 
   return jax.jit(evaluate)
-
-
-def make_evaluate_global(model: nn.Module, config: FedITConfig):
-  """Jitted ``evaluate_global(state, batch) -> {"accuracy", "loss"}``: the
-  merged global model (FedIT or FedOA state) scored as it is on one batch
-  ``[n, ...]`` (e.g. a held-out domain, ``data.rotated.pool_clients``)."""
-  eval_fn = models.make_eval_fn(model)
-
-  def evaluate_global(state, batch: Batch):
-    loss, correct = eval_fn(global_params(state, config), batch)
-    return {"accuracy": correct / jnp.maximum(jnp.sum(batch["mask"]), 1.0),
-            "loss": loss}
-
-  return jax.jit(evaluate_global)
 
 
 def fedit(model: nn.Module, config: FedITConfig, *,

@@ -58,6 +58,12 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
+__all__ = [
+    "DISTANCES", "EVAL_SALT", "fedproto", "FedProtoConfig", "FedProtoState",
+    "init_state", "local_update", "make_evaluate", "make_round",
+    "NEW_CLIENT_INITS", "objective", "SPECS"
+]
+
 DISTANCES = ("mse", "squared_l2")
 NEW_CLIENT_INITS = ("initial", "mean")
 EVAL_SALT = 0x7FFFFFF0  # folded into the root key for held-out clients

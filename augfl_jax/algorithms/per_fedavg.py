@@ -37,6 +37,11 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
+__all__ = [
+    "init_state", "local_update", "make_round", "meta_step", "per_fedavg",
+    "PerFedAvgConfig", "SPECS", "VARIANTS"
+]
+
 VARIANTS = ("fo", "hf")
 
 

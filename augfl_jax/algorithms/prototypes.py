@@ -33,6 +33,12 @@ from augfl_jax.core import tree
 from augfl_jax.algorithms import averaging
 from augfl_jax.core.types import Params, PRNGKey
 
+__all__ = [
+    "aggregate_prototypes", "class_counts", "class_prototypes", "head_name",
+    "head_shape", "init_state", "nearest_prototype", "PrototypeState",
+    "server_step", "squared_distances", "WEIGHTINGS"
+]
+
 WEIGHTINGS = ("count", "uniform")
 
 

@@ -52,6 +52,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+__all__ = [
+    "as_strategy", "AUTO", "chunk_size_for_budget", "CLIENT_AXIS",
+    "client_mesh", "client_sharding", "ClientStrategy", "default_strategy",
+    "INNER_STRATEGIES", "map_clients", "STRATEGIES"
+]
+
 STRATEGIES = ("vmap", "map", "chunked", "sharded")
 AUTO = "auto"  # default_strategy() of the backend in use
 INNER_STRATEGIES = ("vmap", "map", "chunked")

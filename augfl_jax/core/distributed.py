@@ -50,6 +50,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from augfl_jax.core.client_axis import (
     ClientStrategy, as_strategy, client_mesh, client_sharding)
 
+__all__ = [
+    "local_client_range", "replicate", "replicated_sharding", "shard_clients",
+    "shard_local_clients"
+]
+
 
 def replicated_sharding(strategy: str | ClientStrategy) -> NamedSharding:
   """``NamedSharding`` that keeps a whole copy on every device of the mesh."""

@@ -25,6 +25,11 @@ from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import intervals
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
+__all__ = [
+    "EvalFn", "fast_adapt", "make_evaluator", "masked_correct", "query_counts",
+    "score_in_chunks", "summarise", "with_interval"
+]
+
 # eval_fn(params, batch) -> (masked mean loss, number of correct real examples)
 EvalFn = Callable[[Params, Batch], tuple[jax.Array, jax.Array]]
 

@@ -19,6 +19,8 @@ import optax
 
 from augfl_jax.core.types import Params
 
+__all__ = ["exact_hvp", "finite_difference_hvp", "GradFn", "hvp", "HVP_METHODS"]
+
 GradFn = Callable[[Params], Params]
 HVP_METHODS = ("finite_difference", "exact")
 

@@ -20,6 +20,11 @@ import optax
 
 from augfl_jax.core.types import Batch, Params, PRNGKey
 
+__all__ = [
+    "concat_batches", "epoch_batches", "pad_batch", "real_first_permutation",
+    "sample_batch", "sgd", "step", "train"
+]
+
 
 def concat_batches(a: Batch, b: Batch) -> Batch:
   """Concatenates two batches along the example axis (e.g. support + query)."""

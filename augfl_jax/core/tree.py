@@ -14,6 +14,11 @@ import numpy as np
 
 from augfl_jax.core.types import Params
 
+__all__ = [
+    "all_finite", "broadcast_to_clients", "check_participants", "checked_round",
+    "client_subset", "put", "take", "weighted_mean", "weighted_sum"
+]
+
 
 def broadcast_to_clients(tree: Params, num_clients: int) -> Params:
   """Stacks ``num_clients`` copies of ``tree``: leaves ``[...]`` -> ``[C, ...]``.

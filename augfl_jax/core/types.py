@@ -23,6 +23,8 @@ from typing import Any, Callable, Mapping
 import flax.struct
 import jax
 
+__all__ = ["Batch", "ClientData", "LossFn", "Params", "PRNGKey"]
+
 Params = Any  # a pytree of arrays
 PRNGKey = jax.Array
 Batch = Mapping[str, jax.Array]

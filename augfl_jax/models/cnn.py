@@ -10,6 +10,8 @@ import jax
 from augfl_jax.models.conv import AUTO, Conv, check_conv_impl, max_pool
 from augfl_jax.models.norm import apply_norm, check_norm, zero_padding
 
+__all__ = ["CNN"]
+
 
 class CNN(nn.Module):
   """Conv-norm-relu-pool stages, then a dense feature layer and a classifier.

@@ -36,6 +36,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "AUTO", "check_conv_impl", "Conv", "CONV_IMPLS", "conv_patches",
+    "default_conv_impl", "max_pool", "Padding", "resolve_conv_impl"
+]
+
 CONV_IMPLS = ("xla", "patches")
 AUTO = "auto"
 

@@ -7,6 +7,8 @@ import jax
 
 from augfl_jax.models.norm import zero_padding
 
+__all__ = ["LogisticRegression"]
+
 
 class LogisticRegression(nn.Module):
   """``logits = W flatten(x) + b``; the features are the flattened input.

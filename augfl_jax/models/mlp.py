@@ -9,6 +9,8 @@ import jax
 
 from augfl_jax.models.norm import apply_norm, check_norm, zero_padding
 
+__all__ = ["MLP"]
+
 
 class MLP(nn.Module):
   """flatten -> [Dense -> norm -> relu] * len(hidden) -> features -> Dense.

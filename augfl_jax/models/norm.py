@@ -31,6 +31,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "apply_norm", "check_norm", "group_count", "masked_moments",
+    "MaskedBatchNorm", "NORMS", "RUNNING_MOMENTUM", "zero_padding"
+]
+
 NORMS = ("batch", "running", "group", "none")
 # PyTorch's BatchNorm momentum: running = (1 - m) running + m batch.
 RUNNING_MOMENTUM = 0.1

@@ -30,6 +30,11 @@ import jax.numpy as jnp
 from augfl_jax.models.conv import AUTO, Conv, check_conv_impl
 from augfl_jax.models.norm import apply_norm, check_norm, zero_padding
 
+__all__ = [
+    "BasicBlock", "conv_init", "ResNet", "resnet20", "resnet32", "resnet32x4",
+    "resnet8", "resnet8x4"
+]
+
 # nn.init.kaiming_normal_(w, mode="fan_out", nonlinearity="relu").
 conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 

@@ -7,16 +7,21 @@ calls; a Python user calls it the same way::
   config = training.RunConfig(dataset="digits", rounds=50)
   summary = training.run(config, "runs/my_run")
 
-* :mod:`.config`: ``RunConfig`` and its sections; :mod:`.presets`: the
-  dataset presets, ``resolve`` and ``validate``;
-* :mod:`.wiring`: data, models, the PM by its role, the algorithm;
-* :mod:`.loop`: ``run``; :mod:`.resume`: the plan (fresh or resumed) and its
-  checks; :mod:`.rounds`: the rounds, evaluations and checkpoints;
-  :mod:`.safety`: the non-finite guard, signals (:class:`StopSignals`:
-  wrap a loop over runs in one to see a signal that came in a run's last
-  round) and their exceptions;
-* :mod:`.outputs`, :mod:`.checkpoints`, :mod:`.events`: the run's files;
-* :class:`Progress` (``augfl_jax.core.progress``): time per step and time left.
+A run goes flags -> :class:`RunConfig` -> :func:`prepare` (the
+:class:`Plan`: resolved, checked and located once) -> one data pipeline
+-> the algorithm's ``build`` -> :class:`rounds.RoundLoop` -> the summary.
+
+Public: :mod:`.config` (``RunConfig`` and its sections; a user's method
+gets its section from ``config.config_class()``), :mod:`.plan`
+(``prepare``, ``validate``), :mod:`.presets` (``resolve``: the dataset's
+and the paper's defaults), :mod:`.loop` (``run``), :mod:`.safety` (the
+non-finite guard and :class:`StopSignals`: wrap a loop over runs in one to
+see a signal that came in a run's last round). Internal: :mod:`.wiring`
+(data, models, the PM by its role, the algorithm), :mod:`.rounds` (the
+round loop), :mod:`.scoring` (records, intervals, the summary),
+:mod:`.resume` (where a run starts, and its checks), :mod:`.feasibility`
+(sizes against the machine), :mod:`.outputs`, :mod:`.checkpoints` and
+:mod:`.events` (the run's files).
 """
 
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
@@ -31,3 +36,11 @@ from augfl_jax.training.plan import Plan, prepare, validate
 from augfl_jax.training.presets import resolve
 from augfl_jax.training.safety import StopSignals
 from augfl_jax.core.progress import Progress
+
+__all__ = [
+    "CHECKPOINT_EVERY", "DataConfig", "EvalConfig", "NonFiniteError",
+    "OutputDirError", "PMConfig", "Plan", "Progress", "RunConfig",
+    "RunInterrupted", "StopSignals", "config", "pm_role", "prepare",
+    "resolve", "resumable_fields", "resume_changes", "run",
+    "unread_sections", "validate",
+]

@@ -35,6 +35,13 @@ from augfl_jax.core import client_axis, fields
 from augfl_jax.core.fields import field
 from augfl_jax.transfer import crd
 
+__all__ = [
+    "algorithm_config", "AUTO", "config_class", "DataConfig", "EvalConfig",
+    "fields_to_lower", "pm_role", "PMConfig", "resumable_fields",
+    "resume_changes", "RunConfig", "section_name", "unread_sections",
+    "unused_sections"
+]
+
 AUTO = "auto"  # strategy, conv_impl: the backend's measured choice
 
 

@@ -25,6 +25,11 @@ from augfl_jax import data, models
 from augfl_jax.core import fields
 from augfl_jax.training.config import RunConfig
 
+__all__ = [
+    "check", "check_pm_kwargs", "FLOAT_BYTES", "INT_RANGE", "machine_memory",
+    "MAX_EVAL_STEPS", "memory_needs"
+]
+
 INT_RANGE = (-2 ** 31, 2 ** 31 - 1)
 MAX_EVAL_STEPS = 10_000
 FLOAT_BYTES = 4

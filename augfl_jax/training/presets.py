@@ -24,6 +24,12 @@ from augfl_jax.core import fields
 from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
                                        pm_role)
 
+__all__ = [
+    "crd_loop", "default_pm_dir", "model_kwargs", "PAPER_ALPHA",
+    "PAPER_DEFAULTS", "PM_ROOT", "resolve", "SERVER_SPLIT_SEED",
+    "server_split_seed"
+]
+
 # The paper's values where the paper or the reference code gives one.
 PAPER_DEFAULTS = {"norm": "batch", "pm.model": "resnet32x4",
                   "pm.epochs": 240, "crd.nce_k": 16384}

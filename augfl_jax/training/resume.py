@@ -23,6 +23,12 @@ from augfl_jax.training.config import resume_changes as resume_changes_of
 from augfl_jax.training.config import unused_sections
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 
+__all__ = [
+    "changed", "check_data", "check_resume_config", "check_run_control",
+    "data_digest", "find_start", "record_changes", "restore", "Resumed",
+    "saved_config", "write_error"
+]
+
 
 def check_resume_config(saved: RunConfig, config: RunConfig,
                          resume_changes: Sequence[str], where: str) -> None:

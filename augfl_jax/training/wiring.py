@@ -29,6 +29,11 @@ from augfl_jax.training import presets
 from augfl_jax.training.config import RunConfig
 from augfl_jax.training.plan import Plan
 
+__all__ = [
+    "build_algorithm", "load_federated", "load_pm", "Log", "pm_apply",
+    "pm_model", "pm_recipe"
+]
+
 Log = Callable[[str], None]
 
 

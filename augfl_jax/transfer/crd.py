@@ -56,6 +56,11 @@ from augfl_jax.transfer.server_data import (all_outputs, crop_flip,
 from augfl_jax.core import jit
 from augfl_jax.core.types import Batch, Params, PRNGKey
 
+__all__ = [
+    "CRDState", "default_loop", "make_crd_regularizer", "StudentApply",
+    "TeacherApply"
+]
+
 
 # student_apply(params, x [B, ...], mask [B]) -> (features [B, d_s], logits)
 StudentApply = Callable[[Params, jax.Array, jax.Array], tuple[jax.Array,

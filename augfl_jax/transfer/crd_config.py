@@ -8,6 +8,10 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.transfer.server_data import AUGMENTATIONS
 
+__all__ = [
+    "BANK_DTYPES", "CRDConfig", "LOOPS", "NEGATIVE_SAMPLING", "REFERENCE_NCE_K"
+]
+
 LOOPS = ("scan", "python")
 NEGATIVE_SAMPLING = ("per_example", "shared")
 BANK_DTYPES = ("float32", "bfloat16")

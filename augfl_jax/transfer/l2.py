@@ -15,6 +15,10 @@ import optax
 
 from augfl_jax.core.types import Params, PRNGKey
 
+__all__ = [
+    "check_same_architecture", "l2_grad", "l2_value", "make_l2_regularizer"
+]
+
 
 def l2_value(theta: Params, theta_p: Params) -> jax.Array:
   """``||theta - theta_p||^2`` summed over all leaves (scalar)."""

@@ -28,6 +28,12 @@ import numpy as np
 from augfl_jax.models import masked_mean
 from augfl_jax.core.types import Params, PRNGKey
 
+__all__ = [
+    "class_table", "ClassTable", "contrast_scores", "crd_loss", "embed", "EPS",
+    "fix_z", "HIGHEST", "init_arrays", "init_head", "kd_loss", "nce_loss",
+    "sample_negatives", "update_memory"
+]
+
 EPS = 1e-7  # crd/criterion.py
 HIGHEST = jax.lax.Precision.HIGHEST  # logits are divided by tau = 0.07
 

@@ -14,6 +14,11 @@ import numpy as np
 
 from augfl_jax.core.types import Batch, PRNGKey
 
+__all__ = [
+    "all_outputs", "AUGMENTATIONS", "crop_flip", "CROP_PADDING",
+    "minibatch_positions", "server_arrays"
+]
+
 AUGMENTATIONS = ("none", "crop_flip")
 CROP_PADDING = 4  # the reference's RandomCrop(size, padding=4)
 

@@ -31,6 +31,8 @@ from augfl_jax.models import masked_mean
 from augfl_jax.transfer.nce import EPS, HIGHEST, ClassTable
 from augfl_jax.core.types import PRNGKey
 
+__all__ = ["crd_loss_shared", "sample_shared"]
+
 
 def sample_shared(key: PRNGKey, num_negatives: int, n: int) -> jax.Array:
   """``[K]`` server indices for a whole minibatch: without replacement (a

@@ -28,6 +28,11 @@ from augfl_jax import models
 from augfl_jax.algorithms import base
 from augfl_jax.core.types import ClientData
 
+__all__ = [
+    "augfl_pm", "kt_only", "kt_only_step", "label", "PMAidedState", "SPECS",
+    "uses_pm"
+]
+
 
 def uses_pm(config: augfl.AugFLConfig, regularizer: str = "crd") -> bool:
   """Whether the PM takes part: R_h has a weight and a kind (``lam > 0``

@@ -35,6 +35,11 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
+__all__ = [
+    "AugFLConfig", "AugFLState", "client_update", "client_weights",
+    "delta_schedule", "init_state", "make_round", "RoundFn", "server_update"
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class AugFLConfig(fields.Config):

@@ -9,6 +9,8 @@ import math
 from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 
+__all__ = ["FedBCConfig", "START_FROM"]
+
 START_FROM = ("z", "x")
 
 

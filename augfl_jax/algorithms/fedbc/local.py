@@ -32,6 +32,11 @@ from augfl_jax.algorithms.fedbc.config import FedBCConfig
 from augfl_jax.core import local
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params, PRNGKey
 
+__all__ = [
+    "client_update", "dual_update", "lagrangian", "lagrangian_sgd",
+    "per_fedbc_local", "per_fedbc_step", "squared_distance"
+]
+
 
 def squared_distance(a: Params, b: Params) -> jax.Array:
   """``||a - b||^2`` summed over every leaf (scalar)."""

@@ -59,6 +59,12 @@ from augfl_jax.algorithms.fedbc import local as fedbc_local
 from augfl_jax.algorithms.fedbc.config import FedBCConfig
 from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
+__all__ = [
+    "client_update", "dual_update", "fedbc", "FedBCState", "init_state",
+    "make_evaluate", "make_evaluate_local", "make_round", "per_fedbc",
+    "server_update", "SPECS"
+]
+
 # One client's update (local training, then the dual step): fedbc_local.
 client_update = fedbc_local.client_update
 dual_update = fedbc_local.dual_update

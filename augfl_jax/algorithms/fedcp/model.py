@@ -17,6 +17,11 @@ import jax.numpy as jnp
 from augfl_jax.algorithms import prototypes
 from augfl_jax.core.types import Params, PRNGKey
 
+__all__ = [
+    "ConditionalPolicy", "context_vector", "dense", "ensemble_logits",
+    "gumbel_noise", "mmd", "MMD_BANDWIDTHS", "split_features", "split_head"
+]
+
 MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 
 

@@ -63,6 +63,11 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
+__all__ = [
+    "CPN_SALT", "EVAL_SALT", "fedcp", "FedCPConfig", "FedCPState", "init_state",
+    "local_update", "make_evaluate", "make_round", "SPECS"
+]
+
 EVAL_SALT = 0x7FFFFFF2
 CPN_SALT = 0x7FFFFFF3
 

@@ -9,6 +9,8 @@ import dataclasses
 from augfl_jax.algorithms import fedit
 from augfl_jax.core.fields import field
 
+__all__ = ["ANCHORS", "DISTANCES", "FedOAConfig", "REDUCTIONS"]
+
 DISTANCES = ("l2", "squared_l2")
 REDUCTIONS = ("mean", "sum")
 ANCHORS = ("received", "updated")

@@ -16,6 +16,8 @@ from augfl_jax import models
 from augfl_jax.models import lora
 from augfl_jax.core.types import Batch, Params, PRNGKey
 
+__all__ = ["feature_distance", "personal_objective", "train_personal"]
+
 
 def feature_distance(h_personal: jax.Array, h_global: jax.Array,
                      mask: jax.Array, config: FedOAConfig) -> jax.Array:

@@ -64,6 +64,11 @@ from augfl_jax.algorithms.fedoa.config import FedOAConfig
 from augfl_jax.models import lora
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
+__all__ = [
+    "client_update", "fedoa", "FedOAState", "global_params", "init_state",
+    "make_evaluate", "make_evaluate_personal", "make_round", "SPECS"
+]
+
 
 # Folded into the root key for the held-out clients' personal training.
 _EVAL_TAG = 0x7EA1

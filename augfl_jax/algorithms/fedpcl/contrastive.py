@@ -12,6 +12,11 @@ import jax.numpy as jnp
 from augfl_jax import models
 from augfl_jax.core.types import Params
 
+__all__ = [
+    "contrastive_loss", "l2_normalize", "make_project_fn",
+    "padded_client_prototypes"
+]
+
 _EXCLUDED = -1e30  # logit of a class left out of a softmax
 
 

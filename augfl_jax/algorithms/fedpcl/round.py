@@ -69,6 +69,12 @@ from augfl_jax.core import fields
 from augfl_jax.core.fields import field
 from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 
+__all__ = [
+    "encode", "EncoderApply", "EVAL_SALT", "fedpcl", "FedPCLConfig",
+    "FedPCLState", "init_state", "local_update", "make_evaluate", "make_round",
+    "PREDICTIONS", "SPECS"
+]
+
 PREDICTIONS = ("global", "local")
 EncoderApply = Callable[[jax.Array, jax.Array], jax.Array]
 EVAL_SALT = 0x7FFFFFF1
