@@ -9,10 +9,17 @@ line on stderr and exit code 2, before anything is loaded or compiled; a
 flag of the names before the configuration had sections (``--lam``,
 ``--num_clients``, ...) gets its new name in that line. ``--help`` prints
 the flags grouped by section and exits 0 (``experiments.flag_help``).
+
+``--imports=my_module,other`` (on the command line) imports those modules
+before any flag is defined: a user's own method, dataset or model that
+registers itself on import (``algorithms.register``,
+``data.register_dataset``, ``models.register_model``) is then one the
+command runs, with a flag for every field of its config.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging as std_logging
 import os
 import sys
@@ -28,15 +35,46 @@ from augfl_jax.core import fields
 from experiments import flag_help
 
 FLAGS = flags.FLAGS
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                           "configs")
+
+
+def import_requested(argv: list[str] | None = None) -> list[str]:
+  """Imports the modules that ``--imports`` names on the command line
+  ``argv`` (default ``sys.argv``), once; returns their names.
+
+  Raises:
+    SystemExit: a module that does not import (one line, exit 2).
+  """
+  argv = sys.argv if argv is None else argv
+  names = []
+  for i, arg in enumerate(argv):
+    if arg.startswith("--imports="):
+      names += arg.partition("=")[2].split(",")
+    elif arg == "--imports" and i + 1 < len(argv):
+      names += argv[i + 1].split(",")
+  names = [n.strip() for n in names if n.strip()]
+  for name in names:
+    try:
+      importlib.import_module(name)
+    except Exception as e:  # pylint: disable=broad-except
+      reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+      print(f"error: --imports: {name} does not import "
+            f"({type(e).__name__}: {reason})", file=sys.stderr)
+      sys.exit(2)
+  return names
 
 
 def define_config_flags(only: tuple[str, ...] | None = None,
                         flag_values: flags.FlagValues = FLAGS) -> None:
   """Defines one flag per leaf field of ``RunConfig`` in ``flag_values``
-  (each once); ``only``: just the fields of these dotted names
-  (``experiments.pretrain_pm``)."""
+  (each once), after importing the modules of ``--imports`` (so that a
+  user's registered method has its section's flags); ``only``: just the
+  fields of these dotted names (``experiments.pretrain_pm``)."""
+  import_requested()
+  if "imports" not in flag_values:
+    flags.DEFINE_list("imports", [], "modules to import before the flags "
+                      "are read, on the command line: a user's own method, "
+                      "dataset or model, registered on import",
+                      flag_values=flag_values)
   for name, f, owner, value in fields.walk(training.config.config_class()()):
     if name in flag_values or (only is not None and name not in only):
       continue

@@ -25,7 +25,8 @@ from augfl_jax import algorithms, training
 
 COMMON = ("dataset", "algorithm", "rounds", "seed", "output_dir")
 RUN_CONTROL = ("output_dir", "checkpoint_every", "resume", "overwrite",
-               "resume_changes", "compilation_cache", "compilation_cache_dir")
+               "resume_changes", "compilation_cache", "compilation_cache_dir",
+               "imports")
 HELP_SHORT = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 HELP_FULL = ("--helpfull", "-helpfull")
 WIDTH = 80

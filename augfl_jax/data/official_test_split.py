@@ -104,7 +104,8 @@ def locate_test_split(name: str, location: catalog.Location
   if location.kind == "embedded":
     raise OfficialTestSplitUnavailable(
         f"{spec.name} has no test split: every example belongs to a natural "
-        "client")
+        "client" if spec.natural_clients else f"{spec.name} has no test "
+        "split: its load function makes one set of examples")
   if location.kind == "idx":
     found = (catalog.find_idx(spec, location.path, spec.test_idx_files)
              if spec.test_idx_files else None)
