@@ -65,8 +65,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("server", 256, "Server-split examples n.")
   flags.DEFINE_string("pm", "resnet32x4", "PM architecture (norm 'running').")
   flags.DEFINE_string("student", "cnn", "Client model.")
-  flags.DEFINE_integer("batch_size", 128, "CRD minibatch size.")
-  flags.DEFINE_integer("nce_k", 4096, "CRD negatives per example.")
+  flags.DEFINE_integer("crd.batch_size", 128, "CRD minibatch size.")
+  flags.DEFINE_integer("crd.nce_k", 4096, "CRD negatives per example.")
   flags.DEFINE_integer("clients", 40, "Clients of the AugFL round timed "
                        "alongside (0: none).")
   flags.DEFINE_integer("examples", 15, "Examples per support / query set of "
@@ -80,6 +80,15 @@ def define_flags() -> None:
   flags.DEFINE_integer("repeats", 3, "Timed rounds of each after warm-up.")
   flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.")
   flags.DEFINE_string("output", "crd_cost.json", "JSON results path.")
+
+
+def flag(f: Any, name: str) -> Any:
+  """Flag ``name`` of ``f``: absl's ``FLAGS`` (``f[name].value``, which reads
+  the run's dotted names, ``crd.nce_k``, that attribute access cannot spell)
+  or a stand-in that has ``name`` as an attribute (``getattr``)."""
+  if isinstance(f, flags.FlagValues):
+    return f[name].value
+  return getattr(f, name)
 
 
 def _sync(out: Any) -> Any:
@@ -181,7 +190,8 @@ def run(f: Any = None) -> dict[str, Any]:
   f = f or FLAGS
   variants = parse_variants(list(getattr(f, "variants", [])))
   with_recomputed = getattr(f, "recomputed", True)
-  regs = make_regularizers(f.server, f.pm, f.student, f.batch_size, f.nce_k,
+  regs = make_regularizers(f.server, f.pm, f.student,
+                           flag(f, "crd.batch_size"), flag(f, "crd.nce_k"),
                            f.seed, variants, with_recomputed)
   theta = regs["student_params"]
   runners: dict[str, Callable[[], Any]] = {}
@@ -225,9 +235,9 @@ def run(f: Any = None) -> dict[str, Any]:
   out = {"machine": {"jax": jax.__version__, "backend": jax.default_backend(),
                      "devices": [str(d) for d in jax.devices()]},
          "load_average": os.getloadavg(),
-         "flags": {k: getattr(f, k) for k in (
-             "server", "pm", "student", "batch_size", "nce_k", "clients",
-             "examples", "round_model", "repeats", "seed")},
+         "flags": {k: flag(f, k) for k in (
+             "server", "pm", "student", "crd.batch_size", "crd.nce_k",
+             "clients", "examples", "round_model", "repeats", "seed")},
          "variants": variants,
          "pm_num_params": regs["pm_params"],
          "student_num_params": regs["student_num_params"],
@@ -249,11 +259,14 @@ def run(f: Any = None) -> dict[str, Any]:
 def format_table(out: dict[str, Any]) -> str:
   """The medians, setup times and paired ratios, one per line."""
   fl = out["flags"]
+  # Files written before the flags had the run's names: batch_size, nce_k.
+  batch_size = fl.get("crd.batch_size", fl.get("batch_size"))
+  nce_k = fl.get("crd.nce_k", fl.get("nce_k"))
   lines = [f"CRD step: student {fl['student']} "
            f"({out['student_num_params']:,} params), PM {fl['pm']} "
            f"({out['pm_num_params']:,} params, running batch norm), server "
            f"n = {fl['server']} in {out['minibatches_per_round']} minibatches"
-           f" of {fl['batch_size']}, K = {fl['nce_k']}"]
+           f" of {batch_size}, K = {nce_k}"]
   for k, v in out["round_s"].items():
     setup = out["setup_s"].get(k)
     loop = out["loop"].get(k)

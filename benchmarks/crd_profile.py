@@ -1,6 +1,6 @@
 r"""Where one CRD minibatch's time goes (the server's R_h step, Section V).
 
-  python -m benchmarks.crd_profile --server=10000 --nce_k=16384
+  python -m benchmarks.crd_profile --server=10000 --crd.nce_k=16384
 
 One minibatch of the cached-PM CRD step (``transfer.make_crd_regularizer``
 with ``teacher_per_example=True``: the PM's outputs are read, not computed)
@@ -54,14 +54,23 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_classes", 10, "Classes of the server split.")
   flags.DEFINE_integer("pm_features", 512, "Width of the PM's penultimate "
                        "features (the cnn's 512; at most 784).")
-  flags.DEFINE_integer("batch_size", 128, "CRD minibatch size.")
-  flags.DEFINE_integer("nce_k", 16384, "CRD negatives per example.")
-  flags.DEFINE_string("negative_sampling", "per_example",
+  flags.DEFINE_integer("crd.batch_size", 128, "CRD minibatch size.")
+  flags.DEFINE_integer("crd.nce_k", 16384, "CRD negatives per example.")
+  flags.DEFINE_string("crd.negative_sampling", "per_example",
                       "CRDConfig.negative_sampling: per_example or shared.")
-  flags.DEFINE_string("bank_dtype", "float32", "CRDConfig.bank_dtype.")
+  flags.DEFINE_string("crd.bank_dtype", "float32", "CRDConfig.bank_dtype.")
   flags.DEFINE_integer("repeats", 10, "Timed repeats of each part.")
   flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.")
   flags.DEFINE_string("output", "", "JSON results path (none if empty).")
+
+
+def flag(f: Any, name: str) -> Any:
+  """Flag ``name`` of ``f``: absl's ``FLAGS`` (``f[name].value``, which reads
+  the run's dotted names, ``crd.nce_k``, that attribute access cannot spell)
+  or a stand-in that has ``name`` as an attribute (``getattr``)."""
+  if isinstance(f, flags.FlagValues):
+    return f[name].value
+  return getattr(f, name)
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -74,15 +83,16 @@ def make_parts(f: Any) -> tuple[dict[str, Callable[[], Any]], int]:
   """The parts of one minibatch as zero-argument jitted calls, and the
   minibatches of a round."""
   rng = np.random.default_rng(f.seed)
-  n, b, k = f.server, f.batch_size, f.nce_k
+  n, b, k = f.server, flag(f, "crd.batch_size"), flag(f, "crd.nce_k")
+  negative_sampling = flag(f, "crd.negative_sampling")
   labels = rng.integers(0, f.num_classes, n).astype(np.int32)
   x_all = jnp.asarray(rng.standard_normal((n,) + INPUT_SHAPE, np.float32))
   model = models.create_model(f.student, f.num_classes)
   params = models.init_params(model, jax.random.key(f.seed), INPUT_SHAPE)
   student_apply = models.make_features_fn(model)
   config = transfer.CRDConfig(batch_size=b, nce_k=k, kt_steps=1,
-                              negative_sampling=f.negative_sampling,
-                              bank_dtype=f.bank_dtype)
+                              negative_sampling=negative_sampling,
+                              bank_dtype=flag(f, "crd.bank_dtype"))
   server = {"x": x_all, "y": jnp.asarray(labels),
             "mask": jnp.ones((n,), jnp.float32)}
   # A cached PM is rows to read, whatever it computed: here its features
@@ -94,7 +104,7 @@ def make_parts(f: Any) -> tuple[dict[str, Callable[[], Any]], int]:
   init_fn, step_fn = transfer.make_crd_regularizer(
       student_apply, teacher, server, config, teacher_per_example=True)
   state = init_fn(jax.random.key(f.seed + 1), params)
-  shared = f.negative_sampling == "shared"
+  shared = negative_sampling == "shared"
 
   index = jnp.asarray(rng.permutation(n)[:b].astype(np.int32))
   mask = jnp.ones((b,), jnp.float32)
@@ -165,16 +175,18 @@ def run(f: Any = None) -> dict[str, Any]:
       if i:
         times[name].append(t)
   med = {name: statistics.median(v) for name, v in times.items()}
-  out = {"flags": {name: getattr(f, name) for name in (
-             "server", "student", "num_classes", "pm_features", "batch_size",
-             "nce_k", "negative_sampling", "bank_dtype", "repeats", "seed")},
+  fl = {name: flag(f, name) for name in (
+      "server", "student", "num_classes", "pm_features", "crd.batch_size",
+      "crd.nce_k", "crd.negative_sampling", "crd.bank_dtype", "repeats",
+      "seed")}
+  out = {"flags": fl,
          "jax": jax.__version__, "minibatches_per_round": steps,
          "median_s": med,
          "share_of_step": {name: med[name] / med["step"] for name in med},
          "round_estimate_s": med["step"] * steps}
   print(f"one CRD minibatch: {f.student} student, n = {f.server}, "
-        f"B = {f.batch_size}, K = {f.nce_k}, negatives {f.negative_sampling}, "
-        f"bank {f.bank_dtype}")
+        f"B = {fl['crd.batch_size']}, K = {fl['crd.nce_k']}, negatives "
+        f"{fl['crd.negative_sampling']}, bank {fl['crd.bank_dtype']}")
   for name in parts:
     print(f"  {name:<10} {1e3 * med[name]:8.1f} ms  "
           f"{100 * out['share_of_step'][name]:5.1f}% of the step")

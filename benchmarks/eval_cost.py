@@ -1,12 +1,13 @@
 r"""What scoring a run costs, against one of its rounds, timed in one process.
 
-  python -m benchmarks.eval_cost --dataset=fashion_mnist --test_clients=1000
+  python -m benchmarks.eval_cost --dataset=fashion_mnist \
+    --eval.test_clients=1000
 
 Builds a run as ``experiments.run`` would (``--dataset``, ``--algorithm``,
 ``--model``; AugFL without its PM by default, so that no PM is pretrained)
 and times, round-robin, ``--repeats`` times each after a first (compiling)
 call: one training round of every training client, the evaluation of the
-protocol's held-out clients, and the scoring of ``--test_clients``
+protocol's held-out clients, and the scoring of ``--eval.test_clients``
 test-split clients (``evaluation.score_in_chunks``, as a run does after its
 last round). Prints each median in seconds, each as a multiple of the
 round, and the load average before and after.
@@ -35,7 +36,8 @@ def define_flags() -> None:
   flags.DEFINE_string("dataset", "fashion_mnist", "the run's dataset")
   flags.DEFINE_string("algorithm", "augfl", "the run's algorithm")
   flags.DEFINE_string("model", None, "client model (default: the dataset's)")
-  flags.DEFINE_integer("test_clients", 1000, "test-split clients scored")
+  flags.DEFINE_integer("eval.test_clients", 1000,
+                       "test-split clients scored")
   flags.DEFINE_integer("repeats", 3, "timed calls of each, after the first")
 
 
@@ -81,7 +83,8 @@ def main(argv):
   config = fields.replace(
       training.RunConfig(dataset=FLAGS.dataset, algorithm=FLAGS.algorithm,
                          model=FLAGS.model),
-      **{"augfl.lam": 0.0, "eval.test_clients": FLAGS.test_clients})
+      **{"augfl.lam": 0.0,
+         "eval.test_clients": FLAGS["eval.test_clients"].value})
   before = os.getloadavg()
   result = measure(config, FLAGS.repeats)
   result["load_average"] = {"before": before, "after": os.getloadavg()}

@@ -1,7 +1,7 @@
 r"""AugFL as the authors' code runs it beside this library's round.
 
   git clone https://github.com/zerui981105/AugFL /tmp/AugFL
-  python -m benchmarks.head_to_head --authors_src=/tmp/AugFL --lam=0
+  python -m benchmarks.head_to_head --authors_src=/tmp/AugFL --augfl.lam=0
 
 The same Fashion-MNIST clients for both: the authors' division
 (``data.authors``: their 40 training and 10 held-out users, support and
@@ -11,9 +11,9 @@ initial weights (their ``torch.manual_seed(seed)`` initialisation copied
 into our parameters), the same alpha, rho and lam. Each round runs their
 ``Client.train`` for every client and ``Server.aggregate_parameters`` (or
 ``aggregate_parameters_CRD``; ``benchmarks.authors_code``), and our
-``augfl.make_round``. With ``--lam > 0`` both get ``grad R_h`` at their own
-theta^t from this library's CRD (a cnn PM pretrained on the server split,
-two CRD states of the same initialisation, so equal thetas get equal
+``augfl.make_round``. With ``--augfl.lam > 0`` both get ``grad R_h`` at
+their own theta^t from this library's CRD (a cnn PM pretrained on the server
+split, two CRD states of the same initialisation, so equal thetas get equal
 gradients).
 
 Reports the largest relative difference ``max_leaf ||theta_ours -
@@ -22,10 +22,12 @@ rounds of ``--report_rounds``, beside the same difference between our run
 and ours from a theta^0 perturbed by ``--perturb`` (how much the rounds
 themselves amplify a difference); both runs' accuracy on the 10 held-out users
 (one fast-adaptation step at alpha, 95% interval across users) every
-``--eval_every`` rounds; after the last round both on ``--test_clients``
-clients of the authors' protocol from the test file's part of the pool
-(``data.authors.draw_clients``) and their paired difference. Without a
-snapshot it says how to get one and exits with code 2.
+``--eval_every`` rounds; after the last round both on
+``--eval.test_clients`` clients of the authors' protocol from the test file's
+part of the pool (``data.authors.draw_clients``) and their paired
+difference. Without a snapshot it says how to get one and exits with code 2.
+Flags that are fields of ``experiments.run``'s configuration have its dotted
+names (``--augfl.lam``, ``--pm.epochs``, ``--crd.nce_k``, ...).
 """
 
 from __future__ import annotations
@@ -57,25 +59,27 @@ def define_flags() -> None:
                       "repository (its root or src/): "
                       + authors_code.HOW_TO_GET)
   flags.DEFINE_integer("rounds", 100, "rounds")
-  flags.DEFINE_float("lam", 0.0, "lambda; > 0 adds lam grad R_h (CRD) to "
-                     "both servers' aggregation (at alpha 0.02, rho 1.0, "
+  flags.DEFINE_float("augfl.lam", 0.0, "lambda; > 0 adds lam grad R_h (CRD) "
+                     "to both servers' aggregation (at alpha 0.02, rho 1.0, "
                      "lam 5 makes both runs non-finite by round 8; 1 "
                      "does not)")
-  flags.DEFINE_float("alpha", 0.02, "alpha (the authors' launcher's 0.02)")
-  flags.DEFINE_float("rho", 1.0, "rho (the authors' launcher's 1.0)")
+  flags.DEFINE_float("augfl.alpha", 0.02, "alpha (the authors' launcher's "
+                     "0.02)")
+  flags.DEFINE_float("augfl.rho", 1.0, "rho (the authors' launcher's 1.0)")
   flags.DEFINE_list("report_rounds", ["1", "10", "100"],
                     "rounds after which theta is compared")
   flags.DEFINE_integer("eval_every", 10, "score the held-out users every "
                        "this many rounds")
-  flags.DEFINE_integer("test_clients", 1000, "clients from the test file "
-                       "scored after the last round (0: none)")
+  flags.DEFINE_integer("eval.test_clients", 1000, "clients from the test "
+                       "file scored after the last round (0: none)")
   flags.DEFINE_integer("seed", 0, "torch.manual_seed of the initial weights; "
                        "the seed of the test-file clients and of the CRD")
-  flags.DEFINE_integer("pm_epochs", 5, "epochs of the cnn PM (--lam > 0)")
-  flags.DEFINE_integer("kt_steps", 8, "CRD minibatches of 128 a round")
-  flags.DEFINE_integer("nce_k", 4096, "CRD negatives per example")
-  flags.DEFINE_string("data_dir", None, "where the Fashion-MNIST IDX files "
-                      "are (default: the library's search order)")
+  flags.DEFINE_integer("pm.epochs", 5, "epochs of the cnn PM "
+                       "(--augfl.lam > 0)")
+  flags.DEFINE_integer("crd.kt_steps", 8, "CRD minibatches of 128 a round")
+  flags.DEFINE_integer("crd.nce_k", 4096, "CRD negatives per example")
+  flags.DEFINE_string("data.data_dir", None, "where the Fashion-MNIST IDX "
+                      "files are (default: the library's search order)")
   flags.DEFINE_boolean("onednn", False, "let PyTorch run its CPU "
                        "convolutions with oneDNN (mkldnn), PyTorch's own "
                        "default; off here, with one thread, for the "
@@ -87,9 +91,15 @@ def define_flags() -> None:
   flags.DEFINE_float("perturb", 1e-8, "also run ours from theta^0 times (1 "
                      "+ perturb u), u ~ U[-1, 1] per weight, and report how "
                      "far it drifts from ours: the growth of a difference "
-                     "that the rounds themselves cause; with --lam > 0 it "
-                     "takes our run's grad R_h; 0: no such run)")
+                     "that the rounds themselves cause; with --augfl.lam > 0 "
+                     "it takes our run's grad R_h; 0: no such run)")
   flags.DEFINE_string("output", None, "also write the results as JSON here")
+
+
+def _flag(name: str):
+  """The value of flag ``name``; the run's fields by their dotted names
+  (``augfl.lam``), which attribute access cannot spell."""
+  return FLAGS[name].value
 
 
 def relative_difference(ours, theirs) -> tuple[float, float]:
@@ -114,20 +124,20 @@ def scored(correct, counts, clip: bool = True) -> dict:
 
 
 def regularizer(fed, student_apply):
-  """``(init_rh, grad_rh)``: CRD with a cnn PM (GroupNorm, ``--pm_epochs``
-  on the server split), ``--kt_steps`` minibatches and ``--nce_k``
-  negatives."""
+  """``(init_rh, grad_rh)``: CRD with a cnn PM (GroupNorm, ``--pm.epochs``
+  on the server split), ``--crd.kt_steps`` minibatches and
+  ``--crd.nce_k`` negatives."""
+  epochs = _flag("pm.epochs")
   pm = models.create_model("cnn", fed.num_classes, norm="group")
   variables, metrics = pretrain.pretrain(
-      pm, fed.server, pretrain.PretrainConfig(model="cnn",
-                                              epochs=FLAGS.pm_epochs))
-  print(f"PM: cnn, {FLAGS.pm_epochs} epochs, held-out accuracy "
+      pm, fed.server, pretrain.PretrainConfig(model="cnn", epochs=epochs))
+  print(f"PM: cnn, {epochs} epochs, held-out accuracy "
         f"{100 * metrics['heldout_accuracy']:.2f}%", flush=True)
   return transfer.make_regularizer(
       "crd", student_apply=student_apply,
       teacher_apply=lambda x, mask: pm.apply(variables, x, mask=mask),
       server=fed.server, config=transfer.CRDConfig(
-          nce_k=FLAGS.nce_k, kt_steps=FLAGS.kt_steps),
+          nce_k=_flag("crd.nce_k"), kt_steps=_flag("crd.kt_steps")),
       teacher_per_example=True)
 
 
@@ -144,10 +154,11 @@ class Runs:
       code = authors_code.in_float64(code)
     self.torch, self.code = torch, code
     self.fed, pool = data.authors.load_federated(
-        "fashion_mnist", location=data.locate("fashion_mnist", FLAGS.data_dir),
+        "fashion_mnist",
+        location=data.locate("fashion_mnist", _flag("data.data_dir")),
         num_clients=50, M=20,
         classes_per_client=2, server_size=10000, support_fraction=0.2,
-        server_overlap=True, test_clients=FLAGS.test_clients,
+        server_overlap=True, test_clients=_flag("eval.test_clients"),
         seed=FLAGS.seed)
     if FLAGS.float64:
       cast, split = lambda t: jax.tree.map(_float64, t), self.fed.test_split
@@ -166,7 +177,8 @@ class Runs:
     model = models.create_model("authors_fmnist_cnn", self.k)
     loss_fn = models.make_loss_fn(model)
     self.round_fn = augfl.make_round(loss_fn, augfl.AugFLConfig(
-        alpha=FLAGS.alpha, rho=FLAGS.rho, lam=FLAGS.lam))
+        alpha=_flag("augfl.alpha"), rho=_flag("augfl.rho"),
+        lam=_flag("augfl.lam")))
     self.state = augfl.init_state(params, self.fed.train.num_clients)
     self.perturbed = None
     if FLAGS.perturb > 0:
@@ -181,12 +193,14 @@ class Runs:
     clients = authors_code.make_clients(
         code, torch_model, self.x, self.y,
         [(part.support[u], part.query[u]) for u in part.train_clients],
-        alpha=FLAGS.alpha, rho=FLAGS.rho, num_classes=self.k)
-    self.server = authors_code.make_server(code, torch_model, clients,
-                                           rho=FLAGS.rho, lam=FLAGS.lam)
+        alpha=_flag("augfl.alpha"), rho=_flag("augfl.rho"),
+        num_classes=self.k)
+    self.server = authors_code.make_server(
+        code, torch_model, clients, rho=_flag("augfl.rho"),
+        lam=_flag("augfl.lam"))
     self.evaluate = evaluation.make_evaluator(
-        loss_fn, models.make_eval_fn(model), alpha=FLAGS.alpha)
-    if FLAGS.lam > 0:
+        loss_fn, models.make_eval_fn(model), alpha=_flag("augfl.alpha"))
+    if _flag("augfl.lam") > 0:
       init_rh, self.grad_rh = regularizer(self.fed,
                                           models.make_features_fn(model))
       self.rh = [init_rh(jax.random.key(FLAGS.seed), params)] * 2
@@ -199,7 +213,7 @@ class Runs:
   def round(self) -> None:
     """One round of each code."""
     reg = grad = None
-    if FLAGS.lam > 0:
+    if _flag("augfl.lam") > 0:
       reg, self.rh[0], _ = self.grad_rh(self.state.params, self.rh[0])
       their_reg, self.rh[1], _ = self.grad_rh(self.theirs(), self.rh[1])
       grad = [self.torch.from_numpy(v) for v in
@@ -216,7 +230,7 @@ class Runs:
                                       ours_clients)
     correct, counts = authors_code.fast_adapt_correct(
         self.code, self.server.global_model, self.x, self.y, their_users,
-        alpha=FLAGS.alpha, num_classes=self.k)
+        alpha=_flag("augfl.alpha"), num_classes=self.k)
     assert np.array_equal(counts, ours["client_count"])
     return {"ours": scored(ours["client_correct"], counts),
             "theirs": scored(correct, counts),
@@ -229,8 +243,9 @@ def head_to_head(code) -> dict:
   runs = Runs(code)
   report = {int(r) for r in FLAGS.report_rounds}
   out = {"flags": {n: FLAGS[n].value for n in (
-      "rounds", "lam", "alpha", "rho", "seed", "test_clients", "pm_epochs",
-      "kt_steps", "nce_k", "onednn", "float64")}, "theta": {}, "heldout": []}
+      "rounds", "augfl.lam", "augfl.alpha", "augfl.rho", "seed",
+      "eval.test_clients", "pm.epochs", "crd.kt_steps", "crd.nce_k", "onednn",
+      "float64")}, "theta": {}, "heldout": []}
   for t in range(FLAGS.rounds + 1):
     if t:
       runs.round()

@@ -43,7 +43,7 @@ def test_one_round_of_both_codes_in_float64(tmp_path):
   pytest.importorskip("torch")
   out = tmp_path / "h2h.json"
   result = _run(f"--authors_src={src}", "--rounds=1", "--report_rounds=1",
-                "--test_clients=0", "--float64", f"--output={out}")
+                "--eval.test_clients=0", "--float64", f"--output={out}")
   assert result.returncode == 0, result.stderr[-2000:]
   results = json.loads(out.read_text())
   assert results["theta"]["1"]["relative"] < 1e-6
