@@ -14,7 +14,7 @@ Counted from jax's own records (``jax_log_compiles``, as optax's
 The round is ``training.safety.guard_round``'s fused program: its Python
 function ``guarded`` (the algorithm's round and the non-finite guard) is
 traced once per structure of the arguments, and lowered as
-``guarded_round``; the evaluation is the algorithm's jitted ``evaluate``,
+``hoisted_guarded`` (``core.jit.hoisted_jit``); the evaluation is the algorithm's jitted ``evaluate``,
 once for each set of clients it scores (the held-out clients and the
 test-split clients, which have other shapes).
 """
@@ -36,7 +36,7 @@ from augfl_jax import training
 
 _TRACED = re.compile(r"Finished tracing (\S+) for jit ")
 _LOWERED = re.compile(r"Compiling jit\(([^)]+)\) ")
-ROUND = ("guarded", "guarded_round")  # (traced, lowered)
+ROUND = ("guarded", "hoisted_guarded")  # (traced, lowered)
 EVALUATE = ("evaluate", "evaluate")
 
 

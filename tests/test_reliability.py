@@ -650,7 +650,8 @@ def test_step_sizes_change_on_resume_when_named_and_recorded(tmp_path):
     training.run(good, out, log=QUIET, resume=True)
   assert "fedavg.lr: 1e+30 -> 0.05" in str(e.value)
   assert str(e.value).endswith("add --resume_changes=fedavg.lr")
-  with pytest.raises(ValueError, match=r"\(seed: 0 -> 1\); only rounds"):
+  with pytest.raises(ValueError, match=r"\(seed: 0 -> 1\); only conv_impl, "
+                     "rounds, eval_every"):
     training.run(fields.replace(good, seed=1), out, log=QUIET, resume=True,
                  resume_changes=("fedavg.lr",))
   lines = []

@@ -94,8 +94,8 @@ def test_cli_writes_its_tables_and_bad_grids_are_one_line(tmp_path,
       ("augfl.rho=0.7", "0.7"), ("augfl.rho=0.2", "0.2")]
   for args, message in (
       (["--grid=rho=0.7"], "error: bad --grid entry 'rho=0.7'"),
-      (["--grid=augfl.rho=0"], "error: --grid cell augfl.rho=0.0: rho must "
-       "be > 0"),
+      (["--grid=augfl.rho=0"], "error: --grid cell augfl.rho=0.0: augfl.rho "
+       "must be > 0"),
       (["--overwrite"], "error: --overwrite: a comparison command"),
       (["--seeds=a"], "error: --seeds takes int values"),
       (["--rounds=x"], "error: flag --rounds=x")):

@@ -48,8 +48,12 @@ def hoisted_jit(fn: Callable[..., Any], *, donate_first: bool = False
     if key not in compiled:
       pure, consts = hoist(fn, *args)
 
-      def hoisted(first, rest, consts):  # the name in JAX's logs
+      def hoisted(first, rest, consts):
         return pure(consts, first, *rest)
+
+      # JAX's logs name the program after ``fn``: hoisted_<fn>.
+      hoisted.__name__ = hoisted.__qualname__ = (
+          f"hoisted_{getattr(fn, '__name__', 'fn')}")
 
       compiled[key] = (jax.jit(hoisted, donate_argnums=(0,) if donate_first
                                else ()), consts)
