@@ -415,6 +415,7 @@ def test_a_crash_mid_save_keeps_the_previous_checkpoint(tmp_path):
   debris = os.path.join(root, "step_6.orbax-checkpoint-tmp-1234567890")
   os.makedirs(os.path.join(debris, "state"))
   manager = checkpoints.RunCheckpoints(root)
+  manager.remove_unfinished_saves()  # as training.run does, under its lock
   assert manager.steps() == [3]
   step, tree, meta = manager.restore(_tree(0.0), lambda s: None)
   assert step == 3 and meta["round"] == 3

@@ -12,7 +12,14 @@ keeps the newest ``keep`` steps. :meth:`RunCheckpoints.restore` checks the
 CRCs and falls back to the previous step, saying so, when the newest is
 truncated, corrupt or edited, and moves the damaged newer steps aside
 (``step_<n>.damaged``, which orbax ignores), so that the resumed run can
-save those steps again.
+save those steps again. A step is its sealed ``meta``'s round, not its
+directory's name: a step whose ``meta`` records another round (a directory
+renamed or copied) is damaged.
+
+Building a :class:`RunCheckpoints` writes and removes nothing, so a tool
+may look at a run's steps without holding its lock; only the run that holds
+the lock removes what its unfinished saves left
+(:meth:`RunCheckpoints.remove_unfinished_saves`).
 
 A save that fails (a full disk, a file system gone read-only) raises
 :class:`CheckpointError` in one line, at the next save, :meth:`wait` or
@@ -29,7 +36,8 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from augfl_jax.storage.checkpoint import (check_checksums, check_seal,
+from augfl_jax.storage.checkpoint import (DamagedCheckpointError,
+                                          check_checksums, check_seal,
                                           checksums, restore_target, seal)
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
@@ -65,6 +73,17 @@ def _quiet_closed_loop_callbacks() -> None:
   sys.unraisablehook = hook
 
 
+def _check_round(step: int, meta: dict[str, Any]) -> None:
+  """Refuses (``DamagedCheckpointError``) the ``meta`` of ``step`` when the
+  round it records is not ``step``: the directory was renamed or copied,
+  and the round a resume starts from is the one its state was saved at."""
+  saved = meta.get("round", step)
+  if saved != step:
+    raise DamagedCheckpointError(
+        f"its metadata records round {saved}, not round {step}: the "
+        f"directory step_{step} was renamed or copied from another step")
+
+
 class RunCheckpoints:
   """The checkpoints under ``directory`` (module docstring).
 
@@ -80,7 +99,6 @@ class RunCheckpoints:
     self.directory = os.path.abspath(directory)
     self._reported = set()  # the damaged steps already logged
     _quiet_closed_loop_callbacks()
-    self._remove_unfinished_saves()
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=("state", "meta"),
         options=ocp.CheckpointManagerOptions(
@@ -88,11 +106,13 @@ class RunCheckpoints:
             enable_async_checkpointing=True,
             cleanup_tmp_directories=False))
 
-  def _remove_unfinished_saves(self) -> None:
+  def remove_unfinished_saves(self) -> None:
     """Removes what saves that never finished left (orbax's
     ``*.orbax-checkpoint-tmp*`` directories), before this run saves: done
-    here, synchronously, because orbax's own clean-up can race with the
-    first save of the new run and remove its files."""
+    synchronously, because orbax's own clean-up can race with the first
+    save of the new run and remove its files. Only the holder of the run
+    directory's lock may call it: another process's save in flight is such
+    a directory too."""
     if not os.path.isdir(self.directory):
       return
     for name in os.listdir(self.directory):
@@ -151,6 +171,7 @@ class RunCheckpoints:
         meta=ocp.args.JsonRestore()))["meta"]
     if isinstance(meta, dict):
       check_seal(meta, f"step {step}")
+      _check_round(step, meta)
     return meta
 
   def latest_meta(self, log: Callable[[str], None]
@@ -205,6 +226,7 @@ class RunCheckpoints:
           log(f"checkpoint {self.path(step)} was saved without a checksum "
               "of its metadata (an older version): its records are not "
               "verified")
+        _check_round(step, meta)
         check_checksums(state, meta.get("checksums", {}), f"step {step}")
       except Exception as e:  # pylint: disable=broad-except
         problems.append(f"step {step}: {_reason(e)}")

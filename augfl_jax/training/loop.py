@@ -106,6 +106,7 @@ def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
                 resume_changes, transform_data, stop) -> dict[str, Any]:
   checkpoints = RunCheckpoints(out.file("checkpoints"))
   try:
+    checkpoints.remove_unfinished_saves()  # this run holds the lock
     summary = _train(plan, out, checkpoints, log, checkpoint_every,
                      resume, overwrite, resume_changes, transform_data, stop)
   except BaseException:

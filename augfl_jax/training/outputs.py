@@ -4,6 +4,8 @@
   ``<dir>/.augfl_jax.lock`` for the whole run; a second run into the same
   directory fails at once naming the holder. The kernel drops the lock when
   its process dies (any signal, ``kill -9``), so a stale lock never blocks.
+  A lock path that is a symbolic link or not a lock file is refused in one
+  line, untouched (``storage.locks``).
 * **Only its own files.** A run records what it writes in the manifest
   ``<dir>/.augfl_jax.json``; ``overwrite`` removes only the files named there
   and a directory holding any other file (or files of these names that no
@@ -118,6 +120,8 @@ class OutputDir:
     path = self.file(LOCK)
     try:
       fd, holder = locks.try_lock(path)
+    except locks.LockFileError as e:  # a link, or not a lock file
+      raise OutputDirError(str(e)) from None
     except OSError as e:
       raise OutputDirError(f"--output_dir {self.path} cannot be written: "
                            f"{e.strerror or e}") from None
