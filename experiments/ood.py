@@ -253,8 +253,9 @@ def main(argv):
         shared_images=FLAGS.shared_images)
     held_out = (None if FLAGS.held_out is None
                 else sweep.parse_list(FLAGS.held_out, float, "held_out"))
-    return run_ood(run_flags.config_from_flags(), FLAGS.datasets,
-                   FLAGS.algorithms, held_out,
+    return run_ood(run_flags.config_from_flags(),
+                   sweep.distinct(FLAGS.datasets, "--datasets"),
+                   sweep.distinct(FLAGS.algorithms, "--algorithms"), held_out,
                    sweep.parse_list(FLAGS.seeds, int, "seeds"), out, protocol,
                    checkpoint_every=FLAGS.checkpoint_every)
 

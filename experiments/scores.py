@@ -22,20 +22,24 @@ the held-out accuracy otherwise. Intervals (``augfl_jax.core.intervals``):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+from typing import Any, Callable
 
 import numpy as np
 
 from augfl_jax.core import intervals
+from augfl_jax.training import outputs
 
 
 @dataclasses.dataclass(frozen=True)
 class ClientScores:
-  """One scoring of one run: ``correct`` and ``count`` ``[C]`` int."""
+  """One scoring of one run: ``correct`` and ``count`` ``[C]`` int, and the
+  identity of the clients (``clients_digest`` of the record; None for a
+  run of a version that did not record it)."""
 
   correct: np.ndarray
   count: np.ndarray
+  digest: str | None = None
 
   @property
   def interval(self) -> intervals.Interval:
@@ -47,12 +51,13 @@ class ClientScores:
     clients.
 
     Raises:
-      ValueError: the two were not scored on the same clients.
+      ValueError: the two were not scored on the same clients (their
+        identities, or without one their query sizes, differ).
     """
-    if not np.array_equal(self.count, other.count):
-      raise ValueError("the two runs were not scored on the same clients "
-                       "(their query sizes differ): compare runs of one "
-                       "seed and one partition protocol")
+    if (self.digest and other.digest and self.digest != other.digest) or (
+        not np.array_equal(self.count, other.count)):
+      raise ValueError("the two runs were not scored on the same clients: "
+                       "compare runs of one seed and one protocol")
     return intervals.ratio_interval(self.correct - other.correct, self.count)
 
 
@@ -68,38 +73,126 @@ class RunScore:
   test_split: ClientScores | None
   best_heldout: float
   seconds: float
+  protocol: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def headline(self, test_split: bool) -> ClientScores:
     return self.test_split if test_split else self.heldout
 
 
-def load_run_score(run_dir: str, method: str, seed: int) -> RunScore:
-  """The final scores of the run in ``run_dir`` (its ``metrics.jsonl`` and
-  ``summary.json``).
+# What decides a run's clients, from its config.json (dotted; data.* but
+# its directory): two runs differing in one of them scored other clients.
+PROTOCOL = ("dataset", "seed", "eval.test_clients")
+
+
+def _protocol(config: dict[str, Any]) -> dict[str, Any]:
+  data = config.get("data") if isinstance(config.get("data"), dict) else {}
+  evaluation = (config.get("eval") if isinstance(config.get("eval"), dict)
+                else {})
+  return {"dataset": config.get("dataset"), "seed": config.get("seed"),
+          "eval.test_clients": evaluation.get("test_clients"),
+          **{f"data.{k}": v for k, v in sorted(data.items())
+             if k != "data_dir"}}
+
+
+def check_same_clients(a: RunScore, b: RunScore, test_split: bool) -> None:
+  """Raises ``ValueError`` (one line: what differs) unless ``a`` and ``b``
+  were scored on the same clients: the same identity of the scored
+  clients, or, for runs that did not record one, the same protocol."""
+  differing = [f"{k} {a.protocol.get(k)!r} against {b.protocol.get(k)!r}"
+               for k in sorted(set(a.protocol) | set(b.protocol))
+               if a.protocol.get(k) != b.protocol.get(k)]
+  sa, sb = a.headline(test_split), b.headline(test_split)
+  if not differing and sa.digest and sb.digest and sa.digest != sb.digest:
+    differing = ["the clients' examples (their digests differ: another copy "
+                 "or version of the dataset)"]
+  if differing or not np.array_equal(sa.count, sb.count):
+    raise ValueError(
+        f"{a.run_dir} and {b.run_dir} were not scored on the same clients ("
+        + ("; ".join(differing[:3]) or "their query sizes differ")
+        + "): a paired difference needs runs of one seed and one protocol")
+
+
+def _check_scores(path: str, what: str, correct: np.ndarray,
+                  count: np.ndarray) -> None:
+  """Refuses scores no run writes (edited, or torn): one line naming the
+  file."""
+  if (count.ndim != 1 or correct.shape != count.shape or not count.size
+      or (count <= 0).any() or (correct < 0).any() or (correct > count).any()):
+    raise ValueError(f"{path}: the {what} scores are not a run's (a count "
+                     "of at most 0, or correct predictions outside 0..count: "
+                     "an edited or damaged file); rerun the run")
+
+
+def _ints(values: Any, path: str, what: str) -> np.ndarray:
+  array = np.asarray(values, dtype=np.float64)
+  if not np.all(np.isfinite(array)) or not np.all(array == np.rint(array)):
+    raise ValueError(f"{path}: the {what} scores hold non-integer or "
+                     "non-finite counts (an edited or damaged file); rerun "
+                     "the run")
+  return array.astype(np.int64)
+
+
+def load_run_score(run_dir: str, method: str, seed: int,
+                   log: Callable[[str], None] = lambda line: None
+                  ) -> RunScore:
+  """The final scores of the run in ``run_dir`` (its ``metrics.jsonl``,
+  ``summary.json`` and ``config.json``); a torn last line of
+  ``metrics.jsonl`` (a run stopped mid-write) is dropped, saying so to
+  ``log``.
 
   Raises:
-    ValueError: a run without an evaluation, or written by a version
-      that did not record per-client query sizes.
+    ValueError: one line naming the file: an unreadable file, a run
+      without an evaluation, written by a version that did not record
+      per-client query sizes, whose last evaluation is not of the round its
+      summary says (it went on after it finished), or with scores no run
+      writes.
   """
-  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  with open(os.path.join(run_dir, "summary.json")) as f:
-    summary = json.load(f)
+  out = outputs.OutputDir(run_dir)
+  try:
+    records = out.read_records("metrics.jsonl", log)
+    summary = out.read_json("summary.json")
+    config = (out.read_json("config.json")
+              if os.path.exists(out.file("config.json")) else {})
+  except OSError as e:
+    raise ValueError(f"{run_dir}: {e.strerror or e}: "
+                     f"{e.filename or ''}") from None
+  path = out.file("metrics.jsonl")
   if not records or "client_count" not in records[-1]:
-    raise ValueError(f"{run_dir}: no evaluation with per-client query sizes "
+    raise ValueError(f"{path}: no evaluation with per-client query sizes "
                      "(a run of an older version): run it again")
   final = records[-1]
-  counts = np.asarray(final["client_count"], np.int64)
-  heldout = ClientScores(
-      np.rint(np.asarray(final["client_accuracy"]) * counts).astype(np.int64),
-      counts)
-  split = final.get("test_split")
-  test_split = None if split is None else ClientScores(
-      np.asarray(split["client_correct"], np.int64),
-      np.asarray(split["client_count"], np.int64))
-  return RunScore(method, seed, run_dir, int(summary["rounds"]), heldout,
-                  test_split, float(summary["best_accuracy"]),
-                  float(summary["seconds"]))
+  try:
+    rounds = int(summary["rounds"])
+    if int(final["round"]) != rounds:
+      raise ValueError(
+          f"{path}: its last evaluation is of round {final['round']}, but "
+          f"its summary.json of a {rounds}-round run: the run went on after "
+          "it finished (resumed with a larger --rounds and stopped); finish "
+          "it, or score it with the --rounds of its last round")
+    counts = _ints(final["client_count"], path, "held-out")
+    accuracy = np.asarray(final["client_accuracy"], np.float64)
+    if not np.all(np.isfinite(accuracy)):
+      raise ValueError(f"{path}: the held-out scores hold non-finite "
+                       "accuracies (an edited or damaged file); rerun the run")
+    heldout = ClientScores(np.rint(accuracy * counts).astype(np.int64),
+                           counts, final.get("clients_digest"))
+    _check_scores(path, "held-out", heldout.correct, heldout.count)
+    split = final.get("test_split")
+    test_split = None
+    if split is not None:
+      test_split = ClientScores(
+          _ints(split["client_correct"], path, "test-split"),
+          _ints(split["client_count"], path, "test-split"),
+          split.get("clients_digest"))
+      _check_scores(path, "test-split", test_split.correct,
+                    test_split.count)
+    return RunScore(method, seed, run_dir, rounds, heldout, test_split,
+                    float(summary["best_accuracy"]),
+                    float(summary["seconds"]), _protocol(config))
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"{run_dir}: its summary.json or metrics.jsonl lacks "
+                     f"{e} (an edited or damaged file); rerun the run"
+                     ) from None
 
 
 def uses_test_split(scores: list[RunScore]) -> bool:
@@ -126,6 +219,8 @@ def paired(scores: list[RunScore], method: str, reference: str,
   runs = {(s.method, s.seed): s for s in scores}
   seeds = sorted(seed for m, seed in runs if m == method
                  and (reference, seed) in runs)
+  for seed in seeds:
+    check_same_clients(runs[method, seed], runs[reference, seed], test_split)
   per_seed = {seed: runs[method, seed].headline(test_split).minus(
       runs[reference, seed].headline(test_split)) for seed in seeds}
   overall = (intervals.mean_interval([d.mean for d in per_seed.values()])

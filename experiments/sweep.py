@@ -16,19 +16,23 @@ finished runs further). Writes ``results.csv`` (one row per run) and
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import itertools
 import os
+import shlex
 import signal
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from absl import flags
 import numpy as np
 
-from augfl_jax.core import fields, progress
 from augfl_jax import training
+from augfl_jax.core import fields, progress
+from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
 from experiments import cli as run_flags
 
@@ -50,13 +54,14 @@ def define_seeds_flag() -> None:
 
 
 def parse_list(values: list[str], cast: type, flag: str) -> list:
-  """A list flag's values as ``cast`` (int, float); ``ValueError`` names
-  the flag."""
+  """A list flag's values as ``cast`` (int, float), each named once;
+  ``ValueError`` names the flag."""
   try:
-    return [cast(v) for v in values]
+    parsed = [cast(v) for v in values]
   except ValueError:
     raise ValueError(f"--{flag} takes {cast.__name__} values separated by "
                      f"commas, got {','.join(values)!r}") from None
+  return distinct(parsed, f"--{flag}")
 
 
 def _cast(kind: type, text: str, name: str) -> Any:
@@ -93,9 +98,64 @@ def parse_grid(text: str) -> list[Cell]:
                        "a dotted RunConfig field as name (e.g. augfl.rho, "
                        "eval.alpha, data.M, rounds)")
     kind = fields.leaf_type(leaves[name], name.rpartition(".")[2])
-    axes.append([(name, _cast(kind, v.strip(), name))
-                 for v in values.split(",")])
+    axes.append([(name, value) for value in distinct(
+        [_cast(kind, v.strip(), name) for v in values.split(",")],
+        f"--grid: {name}")])
   return [dict(cell) for cell in itertools.product(*axes)]
+
+
+def command_name() -> str:
+  """The running command's module, e.g. ``experiments.table2``."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  return spec.name if spec is not None and spec.name else "experiments.sweep"
+
+
+def command_line() -> str:
+  """``python -m <the running command> <its arguments>``: the command that
+  continues an interrupted comparison (it reuses what is finished)."""
+  return " ".join(["python -m", command_name()] +
+                  [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def distinct(values: list[Any], flag: str) -> list[Any]:
+  """``values`` unchanged; ``ValueError`` (one line, ``flag`` naming
+  where they come from: ``--seeds``) when one is named twice (a seed or a
+  method counted twice would weigh twice)."""
+  seen = set()
+  twice = [v for v in values if v in seen or seen.add(v)]
+  if twice:
+    raise ValueError(f"{flag} names {twice[0]} more than once; name each "
+                     "once")
+  return values
+
+
+_held: set[str] = set()  # the directories this process holds
+
+
+@contextlib.contextmanager
+def exclusive(directory: str, command: str) -> Iterator[None]:
+  """Holds ``directory``'s lock (``.augfl_jax.lock``, the directory made
+  if needed) for the block: one command writes there at a time; another
+  stops at once, one line naming the holder. Re-entered in the process
+  that holds it, it holds it on."""
+  key = os.path.realpath(directory)
+  if key in _held:
+    yield
+    return
+  try:
+    fd, holder = locks.try_lock(os.path.join(directory, outputs.LOCK))
+  except OSError as e:
+    raise ValueError(f"{directory} cannot be written: "
+                     f"{e.strerror or e}") from None
+  if fd is None:
+    raise ValueError(f"{directory} is in use by another {command} (process "
+                     f"{holder}); wait for it to finish or write elsewhere")
+  _held.add(key)
+  try:
+    yield
+  finally:
+    _held.discard(key)
+    os.close(fd)
 
 
 def cell_name(cell: Cell) -> str:
@@ -103,25 +163,52 @@ def cell_name(cell: Cell) -> str:
           or "base")
 
 
+def _sealed(run_dir: str) -> tuple[int, dict[str, Any]] | None:
+  """``(round, configuration)`` of the newest checkpoint of ``run_dir``
+  that reads back (its metadata, sealed with a checksum: what the run is,
+  whatever its ``config.json`` says); None without one."""
+  out = outputs.OutputDir(run_dir)
+  root = out.file("checkpoints")
+  if "checkpoints" not in out.own_files() or not os.path.isdir(root):
+    return None
+  manager = checkpoints.RunCheckpoints(root)  # touches nothing
+  try:
+    if not manager.steps():
+      return None
+    step, meta = manager.latest_meta(log=lambda line: None)
+    return step, meta["config"]
+  except checkpoints.CheckpointError:
+    return None
+  finally:
+    manager.close()
+
+
 def finished_run(run_dir: str, config: training.RunConfig
                 ) -> dict[str, Any] | None:
   """The summary of the run in ``run_dir`` if it is ``config``'s and has
   done ``config.rounds`` rounds; ``None`` if it must run (absent,
-  interrupted, or fewer rounds: it continues).
+  interrupted, or fewer rounds: it continues). What the run is comes from
+  its newest checkpoint's sealed metadata (its configuration and round),
+  not from its ``config.json``, which may have been edited.
 
   Raises:
     ValueError: ``run_dir`` holds a run of another configuration (fields
-      outside ``training.resumable_fields`` differ, or a ``config.json`` this
-      version cannot read).
+      outside ``training.resumable_fields`` differ, or a configuration
+      this version cannot read), or one that went beyond
+      ``config.rounds``.
   """
   out = outputs.OutputDir(run_dir)
   if "summary.json" not in out.own_files() or not os.path.exists(
       out.file("summary.json")):
     return None  # the run decides: a fresh run, or a refused directory
+  sealed = _sealed(run_dir)
+  if sealed is None:
+    return None  # no checkpoint to tell what it is: the run decides
+  step, recorded = sealed
   try:
-    saved = fields.from_dict(type(config), out.read_json("config.json"))
+    saved = fields.from_dict(type(config), recorded)
   except (ValueError, TypeError, AttributeError) as e:
-    raise ValueError(f"{run_dir} holds a run whose config.json does not "
+    raise ValueError(f"{run_dir} holds a run whose configuration does not "
                      f"read as a RunConfig ({e}); choose another "
                      "--output_dir or remove that run") from None
   config = training.validate(config)
@@ -131,12 +218,18 @@ def finished_run(run_dir: str, config: training.RunConfig
     raise ValueError(f"{run_dir} holds a run of another configuration "
                      f"({'; '.join(diff)}); choose another --output_dir or "
                      "remove that run")
+  if step > config.rounds:
+    raise ValueError(f"{run_dir} holds a run at round {step}, beyond "
+                     f"--rounds={config.rounds}; pass --rounds={step} or "
+                     "more, or choose another --output_dir")
   summary = out.read_json("summary.json")
-  return summary if summary["rounds"] == config.rounds else None
+  return summary if step == summary.get("rounds") == config.rounds else None
 
 
 def resumable(run_dir: str) -> bool:
-  """Whether ``run_dir`` holds a run of this tool with a checkpoint."""
+  """Whether ``run_dir`` holds a run of this tool with a checkpoint (read
+  without touching anything: the run may be going on in another
+  process)."""
   out = outputs.OutputDir(run_dir)
   root = out.file("checkpoints")
   if "checkpoints" not in out.own_files() or not os.path.isdir(root):
@@ -193,6 +286,14 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
     ``final_accuracy``, ``best_accuracy``, ``run_dir``.
   """
   names = names or [cell_name(cell) for cell in cells]
+  with exclusive(out, command_name()):
+    return _run_cells(base, cells, seeds, out, names, transform,
+                      checkpoint_every, log, finished_only)
+
+
+def _run_cells(base, cells, seeds, out, names, transform, checkpoint_every,
+               log, finished_only) -> list[dict[str, Any]]:
+  """:func:`run_cells`' body, while it holds ``out``'s lock."""
   rows, durations = [], []
   jobs = list(itertools.product(zip(names, cells), seeds))
   start = time.perf_counter()
@@ -246,40 +347,51 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
 def run_comparison(body: Callable[[], Any]) -> Any:
   """A comparison command's ``body()`` under ``run_flags.run_command``;
   SIGINT/SIGTERM stops it after the current round of the current run (its
-  state saved), or after the run it came too late to stop, with one line
-  saying how to continue, exit 128 + signal."""
+  state saved), or after the run it came too late to stop, with a line
+  saying what was saved and the command that continues (the same one: it
+  reuses finished runs and resumes the stopped one), exit 128 + signal."""
   try:
     return run_flags.run_command(body)
   except training.RunInterrupted as e:
-    print(f"interrupted: {e}; run the same command again to continue",
+    print(f"interrupted: {e}\ncontinue with: {command_line()}",
           file=sys.stderr)
     sys.exit(128 + e.signum)
   except KeyboardInterrupt:
-    print("interrupted at once (a second signal); run the same command "
-          "again to continue from the newest checkpoints", file=sys.stderr)
+    print("interrupted at once (a second signal); continue from the newest "
+          f"checkpoints with: {command_line()}", file=sys.stderr)
     sys.exit(130)
 
 
 def check_run_control() -> None:
   """A comparison command decides itself whether each run is fresh,
   reused or resumed: ``--resume``, ``--overwrite`` and
-  ``--resume_changes`` are refused."""
+  ``--resume_changes`` are refused; it runs every seed of ``--seeds``, so
+  a ``--seed`` given is refused rather than ignored."""
   given = [f"--{n}" for n in ("resume", "overwrite", "resume_changes")
            if FLAGS[n].value]
   if given:
     raise ValueError(f"{' and '.join(given)}: a comparison command reuses "
                      "finished runs and continues interrupted ones by "
                      "itself; use another --output_dir to start afresh")
+  if FLAGS["seed"].present:
+    raise ValueError(f"--seed={FLAGS.seed}: this command runs every seed of "
+                     f"--seeds; pass --seeds={FLAGS.seed}")
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+  """``rows`` as CSV text, one column per key (in order of appearance)."""
+  buffer = io.StringIO(newline="")
+  writer = csv.DictWriter(buffer, fieldnames=list(
+      dict.fromkeys(k for r in rows for k in r)))
+  writer.writeheader()
+  writer.writerows(rows)
+  return buffer.getvalue()
 
 
 def write_tables(rows: list[dict[str, Any]], out: str, title: str) -> str:
   """Writes ``results.csv`` and ``results.md`` (mean ± std over seeds per
   cell) to ``out``; returns the markdown."""
-  with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(
-        dict.fromkeys(k for r in rows for k in r)))
-    writer.writeheader()
-    writer.writerows(rows)
+  outputs.write_text_atomic(os.path.join(out, "results.csv"), csv_text(rows))
   lines = [f"{title}: final test-client accuracy (%), mean ± std over seeds",
            "",
            "| cell | accuracy | seeds |", "|---|---|---|"]
@@ -288,8 +400,7 @@ def write_tables(rows: list[dict[str, Any]], out: str, title: str) -> str:
     lines.append(f"| {cell} | {np.mean(acc):.2f} ± {np.std(acc):.2f} | "
                  f"{len(acc)} |")
   text = "\n".join(lines) + "\n"
-  with open(os.path.join(out, "results.md"), "w") as f:
-    f.write(text)
+  outputs.write_text_atomic(os.path.join(out, "results.md"), text)
   print(text)
   return text
 
@@ -310,10 +421,11 @@ def main(argv):
         raise ValueError(f"--grid cell {cell_name(cell)}: {e}") from None
       training.validate(config)
     out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
-    rows = run_cells(base, cells, seeds, out,
-                     checkpoint_every=FLAGS.checkpoint_every)
-    write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
-                 f"{base.rounds} rounds")
+    with exclusive(out, command_name()):  # its runs, then its tables
+      rows = run_cells(base, cells, seeds, out,
+                       checkpoint_every=FLAGS.checkpoint_every)
+      write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
+                   f"{base.rounds} rounds")
 
   run_comparison(body)
 

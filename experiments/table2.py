@@ -48,7 +48,7 @@ protocol's own held-out clients. The tables go to ``--results_dir``
 
 from __future__ import annotations
 
-import csv
+import contextlib
 import json
 import os
 from typing import Any
@@ -56,8 +56,9 @@ from typing import Any
 from absl import flags
 import numpy as np
 
-from augfl_jax.core import fields, intervals
 from augfl_jax import algorithms, training
+from augfl_jax.core import fields, intervals
+from augfl_jax.training import outputs
 from experiments import cli as run_flags
 from experiments import curves, scores, sweep
 
@@ -266,6 +267,8 @@ def write_table(runs: list[scores.RunScore], dataset: str,
   for r in runs:
     same = next((x for x in runs if x.method == reference and
                  x.seed == r.seed), None)
+    if same is not None and r.method != reference:
+      scores.check_same_clients(r, same, test_split)
     diff = (r.headline(test_split).minus(same.headline(test_split))
             if same is not None and r.method != reference else None)
     acc, held = r.headline(test_split).interval, r.heldout.interval
@@ -276,13 +279,10 @@ def write_table(runs: list[scores.RunScore], dataset: str,
     rows.append(_csv_row(r.method, str(r.seed), r.rounds, acc, diff, held,
                          f"{100 * r.best_heldout:.2f}", f"{r.seconds:.0f}",
                          where, "clients"))
-  with open(os.path.join(out, "table2.csv"), "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  outputs.write_text_atomic(os.path.join(out, "table2.csv"),
+                            sweep.csv_text(rows))
   text = "\n".join(lines) + "\n"
-  with open(os.path.join(out, "table2.md"), "w") as f:
-    f.write(text)
+  outputs.write_text_atomic(os.path.join(out, "table2.md"), text)
   return text
 
 
@@ -370,20 +370,42 @@ def run_table(base: training.RunConfig, datasets: list[str],
   Returns:
     The markdown of every dataset's ``table2.md``.
 
+  The table holds its output and results directories for its whole life
+  (another table2 or sweep writing there stops at once), and writes each
+  file atomically.
+
   Raises:
-    ValueError: an unknown method, a bad configuration, a run directory
-      holding a run of another configuration, or a table of another
-      configuration in ``results_dir`` (all before any run).
+    ValueError: an unknown or repeated method, dataset or seed, a bad
+      configuration, a run directory holding a run of another
+      configuration, a table of another configuration in ``results_dir``,
+      or a directory another command is writing (all before any run).
   """
+  for values, flag in ((methods, "methods"), (datasets, "datasets"),
+                       (seeds, "seeds")):
+    sweep.distinct(list(values), f"--{flag}")
   unknown = [m for m in methods if m not in methods_known()]
   if unknown:
     raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from "
                      f"{', '.join(methods_known())}")
   cells = [method_cell(m) for m in methods]
-  configs, keys = {}, {}  # every cell's flags, before any run
+  configs = {dataset: {m: training.validate(fields.replace(
+      base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
+             for dataset in datasets}  # every cell's flags, before any run
+  with contextlib.ExitStack() as held:
+    for directory in [out] + [_results_dir(results_dir, configs[dataset])
+                              for dataset in datasets]:
+      held.enter_context(sweep.exclusive(directory, "table2"))
+    return _run_table(base, datasets, methods, seeds, out, configs,
+                      checkpoint_every, results_dir, replace_results, log,
+                      finished_only)
+
+
+def _run_table(base, datasets, methods, seeds, out, configs,
+               checkpoint_every, results_dir, replace_results, log,
+               finished_only) -> str:
+  """:func:`run_table`'s body, while it holds its directories."""
+  cells, keys = [method_cell(m) for m in methods], {}
   for dataset in datasets:
-    configs[dataset] = {m: training.validate(fields.replace(
-        base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
     if "augfl" in methods and training.pm_role(
         configs[dataset]["augfl"]) == "none":
       raise ValueError("AugFL w/ PM needs --augfl.lam > 0, got "
@@ -403,13 +425,22 @@ def run_table(base: training.RunConfig, datasets: list[str],
     if not rows:
       raise ValueError(f"no finished run of {', '.join(methods)} under "
                        f"{os.path.join(out, os.path.basename(directory))}")
-    runs = [scores.load_run_score(row["run_dir"], row["cell"], row["seed"])
+    runs = [scores.load_run_score(row["run_dir"], row["cell"], row["seed"],
+                                  log)
             for row in rows]
+    lacking = [r.run_dir for r in runs if r.test_split is None]
+    if lacking and len(lacking) < len(runs):
+      raise ValueError(
+          f"{lacking[0]}" + (f" and {len(lacking) - 1} more runs" if
+                             len(lacking) > 1 else "")
+          + " scored no test-split clients where the table's other runs "
+          "did: one table scores every run on the same clients; rerun it")
     texts.append(write_table(runs, configs[dataset][methods[0]].dataset,
                              methods, configs[dataset], directory,
                              _scored_on(rows), seeds))
-    with open(os.path.join(directory, "table2.json"), "w") as f:
-      json.dump(keys[dataset], f, indent=1, sort_keys=True)
+    outputs.write_text_atomic(os.path.join(directory, "table2.json"),
+                              json.dumps(keys[dataset], indent=1,
+                                         sort_keys=True))
   return "\n".join(texts)
 
 

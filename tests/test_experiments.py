@@ -30,7 +30,7 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert [r["round"] for r in records] == [2, 4]
   keys = {"round", "mean_train_loss", "accuracy", "accuracy_ci",
           "accuracy_std", "test_loss", "client_accuracy", "client_count",
-          "seconds"}
+          "clients_digest", "seconds"}
   assert set(records[0]) == keys
   assert set(records[1]) == keys | {"test_split"}  # after the last round
   for r in records:

@@ -6,6 +6,7 @@ All of them act on pytrees whose leaves share a leading client axis ``C``.
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any, Callable
 
 import jax
@@ -16,7 +17,7 @@ from augfl_jax.core.types import Params
 
 __all__ = [
     "all_finite", "broadcast_to_clients", "check_participants", "checked_round",
-    "client_subset", "put", "take", "weighted_mean", "weighted_sum"
+    "client_subset", "digest", "put", "take", "weighted_mean", "weighted_sum"
 ]
 
 
@@ -165,3 +166,15 @@ def client_subset(participants: jax.Array | None):
     return (lambda stacked: stacked), (lambda stacked, rows: rows)
   return (lambda stacked: take(stacked, participants),
           lambda stacked, rows: put(stacked, participants, rows))
+
+
+def digest(tree: Any) -> str:
+  """SHA-256 (hex) of every leaf of ``tree`` on the host, shapes and dtypes
+  included: the identity of the arrays (the same digest iff the same
+  arrays, in the same tree order)."""
+  sha = hashlib.sha256()
+  for leaf in jax.tree.leaves(tree):
+    array = np.ascontiguousarray(jax.device_get(leaf))
+    sha.update(f"{array.shape}{array.dtype.str}".encode())
+    sha.update(array.tobytes())
+  return sha.hexdigest()

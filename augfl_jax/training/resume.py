@@ -8,15 +8,11 @@ and the one-line error for a file of the run that could not be written.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
 from typing import Any, NamedTuple, Sequence
 
-import jax
-import numpy as np
-
 from augfl_jax import data
-from augfl_jax.core import fields
+from augfl_jax.core import fields, tree
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import RunConfig, pm_role, resumable_fields
 from augfl_jax.training.config import resume_changes as resume_changes_of
@@ -67,15 +63,10 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
 def data_digest(fed: data.FederatedData) -> str:
   """SHA-256 (hex) of every array a run reads: the training, held-out and
   test-split clients' examples, labels and masks, and the server split
-  (shapes and dtypes included)."""
-  digest = hashlib.sha256()
-  parts = (fed.train, fed.test, fed.server,
-           None if fed.test_split is None else fed.test_split.clients)
-  for leaf in jax.tree.leaves(parts):
-    array = np.ascontiguousarray(jax.device_get(leaf))
-    digest.update(f"{array.shape}{array.dtype.str}".encode())
-    digest.update(array.tobytes())
-  return digest.hexdigest()
+  (shapes and dtypes included; ``core.tree.digest``)."""
+  return tree.digest((fed.train, fed.test, fed.server,
+                      None if fed.test_split is None
+                      else fed.test_split.clients))
 
 
 def check_data(meta: dict[str, Any], digest: str, where: str, log) -> None:

@@ -229,8 +229,8 @@ class RoundLoop:
           self.checkpoints.wait()
           raise RunInterrupted(
               f"{signal.Signals(self.stop.signum).name} after round {r}/"
-              f"{loop.rounds}: the run state is saved in {path}; continue "
-              "it with --resume (same flags)", self.stop.signum, r, path)
+              f"{loop.rounds}: the run state is saved in {path}, where a "
+              "resumed run continues", self.stop.signum, r, path)
     self.checkpoints.wait()
     return self._finish(start_round, first_round_seconds)
 
@@ -270,7 +270,8 @@ class RoundLoop:
                                if not np.isfinite(v)) + ")", ("eval.alpha",))
     interval = ev["accuracy_interval"]
     since = self.history[-1]["round"] if self.history else 0
-    record = scoring.heldout_record(ev, self.scorers.heldout_counts, r,
+    record = scoring.heldout_record(ev, self.scorers.heldout_counts,
+                                    self.scorers.heldout_digest, r,
                                     self.train_losses)
     line = (f" (mean over rounds {since + 1}-{r}: "
             f"{record['mean_train_loss']:.4f}); test-client accuracy "
@@ -284,7 +285,8 @@ class RoundLoop:
         self._stop_nonfinite(r, state, f"round {r}: non-finite evaluation "
                              "of the test-split clients (loss = "
                              f"{split['loss']})", ("eval.alpha",))
-      record["test_split"] = scoring.test_split_record(split)
+      record["test_split"] = scoring.test_split_record(
+          split, self.scorers.test_split_digest)
       self.events.scalars(scoring.finite({
           "test_split_accuracy": split["accuracy"],
           "test_split_accuracy_ci_low": split["accuracy_interval"].low,

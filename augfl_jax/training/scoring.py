@@ -2,6 +2,11 @@
 test-split clients as ``metrics.jsonl`` records (with their 95% intervals),
 the words of the console, and ``summary.json``.
 
+Every record names the clients it scored by their identity
+(``clients_digest``: the digest of their examples, labels and masks, which
+the dataset, the split, the protocol and the seed decide): two runs are
+compared client by client only when their digests are equal.
+
 :class:`Scorers` holds a run's two evaluations (the rounds loop calls them
 and knows nothing else of how clients are scored); the other functions turn
 their results into records, log lines and the summary.
@@ -16,7 +21,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from augfl_jax.core import evaluation, intervals
+from augfl_jax.core import evaluation, intervals, tree
 
 __all__ = ["Scorers", "finite", "format_record", "heldout_record",
            "scalars", "summary", "test_split_record"]
@@ -32,15 +37,19 @@ class Scorers:
     heldout: ``heldout(state)``: the protocol's held-out clients, host
       metrics with ``accuracy_interval`` (``evaluation.with_interval``).
     heldout_counts: ``[C]`` their query examples.
+    heldout_digest: their identity (``core.tree.digest`` of their data).
     test_split: ``test_split(state)``: the test-split clients, the same
       metrics (``evaluation.score_in_chunks``); None without them.
+    test_split_digest: their identity (None without them).
     test_split_summary: ``summary.json``'s ``test_split`` before any
       scoring: ``source`` and ``clients``, or ``off`` and why.
   """
 
   heldout: Callable[[Any], Metrics]
   heldout_counts: np.ndarray
+  heldout_digest: str
   test_split: Callable[[Any], Metrics] | None
+  test_split_digest: str | None
   test_split_summary: dict[str, Any]
 
   @classmethod
@@ -53,9 +62,12 @@ class Scorers:
         heldout=lambda state: evaluation.with_interval(
             jax.device_get(evaluate(state, fed.test)), counts),
         heldout_counts=counts,
+        heldout_digest=tree.digest(fed.test),
         test_split=None if split is None else (
             lambda state: evaluation.score_in_chunks(evaluate, state,
                                                      split.clients)),
+        test_split_digest=None if split is None else tree.digest(
+            split.clients),
         test_split_summary=(
             {"off": fed.test_split_off or "not scored"} if split is None
             else {"source": split.source, "clients": split.num_clients}))
@@ -74,11 +86,12 @@ def finite(values: dict[str, float]) -> dict[str, float]:
   return {k: v for k, v in values.items() if np.isfinite(v)}
 
 
-def heldout_record(ev: Metrics, counts: np.ndarray, round_: int,
-                   train_losses: list[float]) -> dict[str, Any]:
+def heldout_record(ev: Metrics, counts: np.ndarray, digest: str,
+                   round_: int, train_losses: list[float]) -> dict[str, Any]:
   """The ``metrics.jsonl`` record of an evaluation of the held-out clients
-  after ``round_`` (``ev``: :attr:`Scorers.heldout`'s), with the mean of the
-  training losses since the previous one."""
+  (their identity ``digest``) after ``round_`` (``ev``:
+  :attr:`Scorers.heldout`'s), with the mean of the training losses since
+  the previous one."""
   values = scalars(ev)
   return {"round": round_,
           "mean_train_loss": float(np.mean(train_losses)),
@@ -87,17 +100,19 @@ def heldout_record(ev: Metrics, counts: np.ndarray, round_: int,
           "accuracy_std": values["accuracy_std"],
           "test_loss": values["loss"],
           "client_accuracy": [float(a) for a in ev["client_accuracy"]],
-          "client_count": counts.tolist()}
+          "client_count": counts.tolist(), "clients_digest": digest}
 
 
-def test_split_record(ev: Metrics) -> dict[str, Any]:
-  """A record's ``test_split`` of a scoring of the test-split clients."""
+def test_split_record(ev: Metrics, digest: str) -> dict[str, Any]:
+  """A record's ``test_split`` of a scoring of the test-split clients
+  (their identity ``digest``)."""
   return {"accuracy": ev["accuracy"],
           "accuracy_ci": ev["accuracy_interval"].to_json(),
           "accuracy_std": ev["accuracy_std"], "test_loss": ev["loss"],
           "clients": int(len(ev["client_count"])),
           "client_correct": ev["client_correct"].tolist(),
-          "client_count": ev["client_count"].tolist()}
+          "client_count": ev["client_count"].tolist(),
+          "clients_digest": digest}
 
 
 def format_record(record: dict[str, Any]) -> str:
