@@ -64,9 +64,9 @@ def test_kt_study(tmp_path, pm_dir):
   # The curves are told apart by the cells' fields, named by their last part.
   curves = plot.group_curves(plot.find_runs([out]),
                              ["algorithm", "augfl.lam"])
-  assert [c.label for c in curves] == ["augfl, lam=0",
-                                       "augfl, lam=5",
-                                       "kt_only, lam=5"]
+  assert [c.label for c in curves] == ["AugFL w/o PM, lam=0",
+                                       "AugFL w/ PM, lam=5",
+                                       "KT-only, lam=5"]
 
 
 @pytest.mark.slow

@@ -1,6 +1,9 @@
 """experiments.compare: two configurations, seed by seed, on the same
-clients."""
+clients; a run's directory or a directory of seeds; its output checked
+before any work."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -82,3 +85,112 @@ def test_the_command_stops_with_one_line_and_exit_2(tmp_path):
   assert result.returncode == 2
   assert result.stderr.strip().startswith("error:")
   assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _one_run(path, seed, correct=CHEAP[0]):
+  """A finished run's directory as experiments.run writes it (no seed<s>
+  below it), its seed in its config.json."""
+  _write_run(path, [9, 8, 10, 7], correct)
+  config = os.path.join(path, "config.json")
+  if not os.path.exists(config):
+    with open(config, "w") as f:
+      json.dump({"algorithm": "augfl", "dataset": "digits", "seed": seed}, f)
+  return str(path)
+
+
+def test_a_run_directory_is_the_run_of_its_seed(tmp_path):
+  """``--runs=NAME=DIR`` takes the directory experiments.run writes as well
+  as a directory of seeds; its seed is its config.json's."""
+  a = _one_run(tmp_path / "fashion_mnist_augfl_seed1", 1, CHEAP[1])
+  b = _one_run(tmp_path / "fashion_mnist_fedavg_seed1", 1, FULL[1])
+  text = compare.compare({"a": a, "b": b})
+  assert "| 1 | 88.00 [" in text and "| 86.00 [" in text
+  assert "| mean of 1 |" in text and f"a = {a}; b = {b}" in text
+  assert "| 1 |" in compare.compare({"a": a, "b": b}, [1])
+  seeds = _runs(tmp_path / "seeds")  # beside a directory of seeds
+  with open(os.path.join(seeds["full"], "seed1", "config.json"), "w") as f:
+    json.dump({"algorithm": "fedavg", "dataset": "digits", "seed": 1}, f)
+  text = compare.compare({"a": a, "full": seeds["full"]})
+  assert "| 1 | 88.00 [" in text and f"full = {seeds['full']}/seed<s>" in text
+
+
+def test_a_run_directory_of_another_seed_is_one_line(tmp_path):
+  a = _one_run(tmp_path / "a", 0)
+  b = _one_run(tmp_path / "b", 1)
+  seeds = _runs(tmp_path / "seeds")
+  cases = [
+      (({"a": a, "cheap": seeds["cheap"]}, [1]), "a run of seed 0 alone"),
+      (({"a": a, "cheap": seeds["cheap"]}, [0, 1]), "--seeds=0,1; pass "
+       "--seeds=0"),
+      (({"a": a, "b": b}, None), "run directories of seeds 0, 1"),
+  ]
+  for (runs, chosen), message in cases:
+    with pytest.raises(ValueError, match=message) as e:
+      compare.compare(runs, chosen)
+    assert "\n" not in str(e.value)
+  os.remove(os.path.join(b, "summary.json"))
+  with pytest.raises(ValueError, match="has not finished"):
+    compare.compare({"a": a, "b": b})
+  os.remove(os.path.join(a, "config.json"))
+  with pytest.raises(ValueError, match=os.path.join(a, "config.json")):
+    compare.compare({"a": a, "cheap": seeds["cheap"]})
+  with pytest.raises(ValueError, match="directory of seeds"):
+    compare.compare({"cheap": seeds["cheap"], "x": str(tmp_path / "x")})
+
+
+def test_seeds_are_integers_each_named_once():
+  assert compare.parse_seeds(None) is None
+  assert compare.parse_seeds(["2", "0"]) == [2, 0]
+  with pytest.raises(ValueError, match="0 named twice"):
+    compare.parse_seeds(["0", "0", "1"])
+  with pytest.raises(ValueError, match="takes integers"):
+    compare.parse_seeds(["a"])
+
+
+def test_the_output_file_is_checked_before_any_work(tmp_path):
+  (tmp_path / "file").write_text("x")
+  for output, message in [
+      (tmp_path, "is a directory"),
+      (tmp_path / "missing" / "x.md", "does not exist: create it"),
+      (tmp_path / "file" / "x.md", "is not a directory"),
+      ("/proc/x.md", "a file cannot be created in /proc")]:
+    with pytest.raises(ValueError, match=message):
+      compare.check_output_file(str(output))
+  compare.check_output_file(str(tmp_path / "x.md"))
+  compare.check_output_file(str(tmp_path / "file"))  # replaced
+  assert os.listdir(tmp_path) == ["file"]
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "experiments.compare", *args],
+                        capture_output=True, text=True, check=False,
+                        timeout=120)
+
+
+@pytest.mark.slow
+def test_the_command_helps_and_fails_in_one_line_before_any_work(tmp_path):
+  """--help: the command's docstring and flags, exit 0; a bad flag or
+  --output: one line, exit 2, nothing printed before it."""
+  result = _cli("--help")
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("Two configurations compared")
+  assert "the flags of python -m experiments.compare:" in result.stdout
+  a = _one_run(tmp_path / "a", 0)
+  b = _one_run(tmp_path / "b", 0, FULL[0])
+  out = tmp_path / "table.md"
+  result = _cli(f"--runs=a={a}", f"--runs=b={b}", f"--output={out}")
+  assert result.returncode == 0, result.stderr
+  assert "| 0 | 89.00 [" in result.stdout
+  assert out.read_text() == result.stdout
+  for args, message in [
+      ((f"--output={tmp_path}/missing/x.md",), "does not exist"),
+      ((f"--output={tmp_path}",), "is a directory"),
+      (("--seeds=0,0",), "named twice"),
+      (("--seeds=1",), "a run of seed 0 alone"),
+      (("--clients=train",), "--clients"),
+      (("--nosuch",), "nosuch")]:
+    result = _cli(f"--runs=a={a}", f"--runs=b={b}", *args)
+    assert result.returncode == 2, (args, result.stderr)
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and not result.stdout
+  assert sorted(os.listdir(tmp_path)) == ["a", "b", "table.md"]

@@ -1,15 +1,19 @@
-"""experiments.plot: one curve per configuration (mean ± std across seeds),
-labelled by the fields that differ, never merging different configurations,
-never two datasets on one axis, training losses per algorithm."""
+"""experiments.plot: one curve per configuration (its seeds' mean with
+their t-interval), labelled by its method's name and the fields that
+differ, never merging different configurations, never two datasets on one
+axis, training losses per algorithm; its output checked before any work,
+a torn last line of metrics.jsonl dropped."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from augfl_jax.core import intervals
 from experiments import plot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,13 +36,22 @@ def _nested(lam, seed=0, output_dir="runs/x"):
           "output": {"dir": output_dir}}
 
 
-def _run(path, config, accuracies, train_loss=1.0):
+def _run(path, config, accuracies, train_loss=1.0, ci=None,
+         test_split=None):
+  """A run's files; ``ci``: each evaluation's interval across clients is
+  its accuracy -+ ci; ``test_split``: the last one's test-split accuracy."""
   path.mkdir(parents=True)
   (path / "config.json").write_text(json.dumps(config))
-  (path / "metrics.jsonl").write_text("".join(
-      json.dumps({"round": 10 * (i + 1), "accuracy": a,
-                  "train_loss": train_loss / (i + 1), "test_loss": 2.0 - a})
-      + "\n" for i, a in enumerate(accuracies)))
+  records = [{"round": 10 * (i + 1), "accuracy": a,
+              "train_loss": train_loss / (i + 1), "test_loss": 2.0 - a}
+             for i, a in enumerate(accuracies)]
+  for r in records if ci is not None else ():
+    r["accuracy_ci"] = [r["accuracy"] - ci, r["accuracy"] + ci]
+  if test_split is not None:
+    records[-1]["test_split"] = {"accuracy": test_split, "accuracy_ci": [
+        test_split - 0.05, test_split + 0.05]}
+  (path / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in records))
 
 
 def _cli(*args):
@@ -58,10 +71,12 @@ def test_lambdas_are_curves_labelled_and_sorted_by_value(tmp_path):
   out = tmp_path / "curves.png"
   result = _cli(str(tmp_path), f"--output={out}")
   assert result.returncode == 0, result.stderr
-  assert "3 curves (lam=0; lam=5; lam=10)" in result.stdout
+  # a config.json without an augfl section: the algorithm's name
+  assert ("3 curves (augfl, lam=0; augfl, lam=5; augfl, lam=10)"
+          in result.stdout)
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   labels, curves = _labels(tmp_path)
-  assert labels == ["lam=0", "lam=5", "lam=10"]
+  assert labels == ["augfl, lam=0", "augfl, lam=5", "augfl, lam=10"]
   assert [len(c.runs) for c in curves] == [1, 1, 1]
 
 
@@ -70,8 +85,8 @@ def test_values_are_readable(tmp_path):
   _run(tmp_path / "b", _config(lam=0.1, uniform_weights=True), [0.5])
   _run(tmp_path / "c", _config(lam=0.1, uniform_weights=False), [0.5])
   labels, _ = _labels(tmp_path)
-  assert labels == ["lam=0.05", "lam=0.1, uniform_weights=false",
-                    "lam=0.1, uniform_weights=true"]
+  assert labels == ["augfl, lam=0.05", "augfl, lam=0.1, uniform_weights=false",
+                    "augfl, lam=0.1, uniform_weights=true"]
 
 
 def test_seeds_are_one_band_over_their_common_rounds(tmp_path):
@@ -84,7 +99,7 @@ def test_seeds_are_one_band_over_their_common_rounds(tmp_path):
   assert curve.rounds == [10, 20]
   np.testing.assert_allclose(curve.metrics["accuracy"].mean(0), [0.4, 0.6])
   fig = plot.make_figure([curve])
-  assert any("std across seeds" in ax.get_ylabel() for ax in fig.axes)
+  assert any("95% CI across seeds" in ax.get_ylabel() for ax in fig.axes)
   _run(tmp_path / "again" / "seed1", _config(seed=1), [0.3, 0.5])
   with pytest.raises(ValueError, match=r"seed \(1\): pass only one"):
     plot.group_curves(plot.find_runs([str(tmp_path)]))
@@ -118,12 +133,14 @@ def test_label_by_that_would_merge_configurations_is_refused(tmp_path):
 def test_flat_and_nested_configs(tmp_path):
   assert plot.flatten(_nested(5.0))["augfl.lam"] == 5.0
   assert plot.flatten(_nested(5.0))["model.hidden"] == [64]
-  for lam in (10.0, 0.0):
+  for lam in (10.0, 0.0, 5.0):
     for seed in (0, 1):  # another output section per seed: one curve
       _run(tmp_path / f"lam{lam:g}" / f"seed{seed}",
            _nested(lam, seed, f"runs/{seed}"), [0.5 + seed / 10])
   labels, curves = _labels(tmp_path)
-  assert labels == ["lam=0", "lam=10"] and [len(c.runs) for c in curves] == [2, 2]
+  assert labels == ["AugFL w/o PM, lam=0", "AugFL w/ PM, lam=5",
+                    "AugFL w/ PM, lam=10"]
+  assert [len(c.runs) for c in curves] == [2, 2, 2]
   assert _labels(tmp_path, ["lam"])[0] == labels
   assert _labels(tmp_path, ["augfl.lam"])[0] == labels
   with pytest.raises(plot.PlotError, match="lam"):
@@ -138,6 +155,9 @@ def test_unreadable_config_is_one_line(tmp_path):
   assert result.returncode == 2 and result.stderr.count("\n") == 1
   assert "config.json" in result.stderr or "unreadable" in result.stderr
   result = _cli(str(tmp_path / "nothing"))
+  assert result.returncode == 2 and "no such directory" in result.stderr
+  (tmp_path / "empty").mkdir()
+  result = _cli(str(tmp_path / "empty"), f"--output={tmp_path / 'c.png'}")
   assert result.returncode == 2 and "no run" in result.stderr
 
 
@@ -148,7 +168,7 @@ def test_training_losses_of_different_algorithms_get_their_own_panels(
   _run(tmp_path / "fedavg", _config(algorithm="fedavg"), [0.4],
        train_loss=2.0)
   labels, curves = _labels(tmp_path)
-  assert labels == ["augfl, lam=0", "augfl, lam=5", "fedavg"]
+  assert labels == ["augfl, lam=0", "augfl, lam=5", "FedAvg"]
   fig = plot.make_figure(curves)
   titles = [ax.get_title() for ax in fig.axes if ax.has_data()]
   assert titles == ["test-client accuracy",
@@ -182,7 +202,10 @@ def test_another_algorithms_section_does_not_label_a_curve(tmp_path):
             "fedavg": {"lr": 0.05}}
   _run(tmp_path / "fedavg", fedavg, [0.7, 0.8])
   labels, _ = _labels(tmp_path)
-  assert sorted(labels) == ["augfl, lam=0", "augfl, lam=5", "fedavg"]
+  # lam is implied by the method's name: named under the figure
+  assert sorted(labels) == ["AugFL w/ PM", "AugFL w/o PM", "FedAvg"]
+  assert "lam" in " ".join(
+      t.get_text() for t in plot.make_figure(_labels(tmp_path)[1]).texts)
 
 
 def test_the_pm_sections_of_a_run_without_a_pm_are_not_compared(tmp_path):
@@ -197,8 +220,155 @@ def test_the_pm_sections_of_a_run_without_a_pm_are_not_compared(tmp_path):
   _run(tmp_path / "augfl0", {**_nested(0.0), "pm": {"model": "resnet8x4"},
                              "crd": {"nce_k": 16384}}, [0.6, 0.7])
   labels, curves = _labels(tmp_path)
-  assert sorted(labels) == ["augfl, lam=0", "augfl, lam=5", "fedavg"]
-  fedavg = next(c for c in curves if c.label == "fedavg")
+  assert sorted(labels) == ["AugFL w/ PM", "AugFL w/o PM", "FedAvg"]
+  fedavg = next(c for c in curves if c.label == "FedAvg")
   assert len(fedavg.runs) == 2  # seeds of one configuration
   assert not [f for c in curves for f in c.folded
               if f.startswith(("pm.", "crd."))]
+
+
+def test_curves_are_named_by_their_method_with_their_runs_and_band(tmp_path):
+  """The method's name from the registry, how many runs, and what the band
+  is, per curve: one run's interval across clients (its losses: none);
+  several seeds' mean with the t-interval across seeds."""
+  accuracies = {0: [0.5, 0.6, 0.7, 0.8], 1: [0.4, 0.6, 0.6, 0.9],
+                2: [0.6, 0.5, 0.8, 0.7]}
+  for seed, acc in accuracies.items():
+    _run(tmp_path / "pm" / f"seed{seed}", _nested(5.0, seed), acc, ci=0.1)
+  _run(tmp_path / "nopm", _nested(0.0), [0.3, 0.4, 0.5, 0.6], ci=0.1)
+  labels, curves = _labels(tmp_path)
+  assert labels == ["AugFL w/ PM", "AugFL w/o PM"]
+  fig = plot.make_figure(curves)
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+      "AugFL w/ PM (3 seeds: mean, 95% CI across seeds)",
+      "AugFL w/o PM (1 run, 95% CI across clients)"]
+  seeds, one = curves
+  mean, low, high, what = plot.band(seeds.metrics, "accuracy", 100.0)
+  column = [acc[1] for acc in accuracies.values()]
+  expected = intervals.mean_interval(column)
+  assert what == plot.ACROSS_SEEDS and mean[1] == pytest.approx(
+      100 * expected.mean)
+  assert (low[1], high[1]) == pytest.approx(
+      (100 * expected.low, 100 * expected.high))
+  mean, low, high, what = plot.band(one.metrics, "accuracy", 100.0)
+  assert what == plot.ACROSS_CLIENTS
+  np.testing.assert_allclose(high - mean, 10.0)
+  assert plot.band(one.metrics, "test_loss", 1.0)[1:] == (
+      None, None, "one run, no band")
+  loss = next(ax for ax in fig.axes if ax.get_title().startswith("test loss"))
+  assert "std" not in loss.get_ylabel()
+  assert "one run, no band" in loss.get_ylabel()
+
+
+def test_a_config_that_cannot_be_read_is_named_by_its_algorithm(tmp_path):
+  """No augfl section (a config.json of an older layout), or one this
+  version refuses: the algorithm's name; a fixed label needs no section."""
+  _run(tmp_path / "a", _config(lam=5.0), [0.5])
+  _run(tmp_path / "b", {**_nested(5.0), "augfl": {"lam": -1.0}}, [0.6])
+  _run(tmp_path / "c", _config(algorithm="fedavg"), [0.4])
+  assert [c.method for c in _labels(tmp_path)[1]] == [
+      "augfl", "augfl", "FedAvg"]
+
+
+def test_a_panel_of_single_points_spans_the_runs_rounds(tmp_path):
+  """Test-split clients scored at the last round only: the panel's x-axis
+  runs from 0 to the last round, the point drawn as a marker."""
+  for seed in (0, 1):
+    _run(tmp_path / f"seed{seed}", _nested(5.0, seed), [0.5, 0.6],
+         test_split=0.7 + seed / 100)
+  fig = plot.make_figure(_labels(tmp_path)[1])
+  for ax in fig.axes:
+    if ax.has_data():
+      low, high = ax.get_xlim()
+      assert low == 0 and 20 < high < 22, ax.get_title()
+  split = next(ax for ax in fig.axes if ax.get_title().startswith("test-split"))
+  line = split.get_lines()[0]  # then the error bar's caps
+  assert line.get_marker() == "o" and list(line.get_xdata()) == [20]
+
+
+def test_a_torn_last_line_is_dropped_and_other_damage_named(tmp_path,
+                                                           capsys):
+  """A run killed while it wrote metrics.jsonl (or still writing): its torn
+  last line is dropped, naming the file; a damaged line elsewhere, a
+  config.json that is not JSON, or a value that is not a number is one
+  error naming the file."""
+  _run(tmp_path / "a", _nested(5.0), [0.5, 0.6])
+  metrics = tmp_path / "a" / "metrics.jsonl"
+  whole = metrics.read_text()
+  metrics.write_text(whole + '{"round": 30, "accuracy": 0.')
+  (curve,) = plot.group_curves(plot.find_runs([str(tmp_path)]))
+  assert curve.rounds == [10, 20]
+  err = capsys.readouterr().err
+  assert str(metrics) in err and "dropped its last line" in err
+  first, second = whole.splitlines()
+  metrics.write_text(f"{first}\n{{\"round\": 1\n{second}\n")
+  with pytest.raises(plot.PlotError,
+                     match=re.escape(str(metrics)) + ": line 2 is not JSON"):
+    plot.group_curves(plot.find_runs([str(tmp_path)]))
+  metrics.write_text(f"{first}\n" + json.dumps(
+      {"round": 20, "accuracy": "high"}) + "\n")
+  with pytest.raises(plot.PlotError, match=re.escape(str(metrics)) +
+                     ": round 20: accuracy is not a number"):
+    plot.group_curves(plot.find_runs([str(tmp_path)]))
+  metrics.write_text(f"{first}\n" + json.dumps({"accuracy": 0.5}) + "\n")
+  with pytest.raises(plot.PlotError, match="record 2 has no round"):
+    plot.group_curves(plot.find_runs([str(tmp_path)]))
+  config = tmp_path / "a" / "config.json"
+  config.write_text('{"algorithm": "augfl", ')
+  with pytest.raises(plot.PlotError, match=re.escape(str(config))):
+    plot.group_curves(plot.find_runs([str(tmp_path)]))
+
+
+def test_the_output_is_checked_before_any_work(tmp_path):
+  """A directory, a missing directory, one under a regular file, one where
+  no file can be created, a suffix matplotlib does not write: one line
+  each, and nothing written."""
+  (tmp_path / "file").write_text("x")
+  for output, message in [
+      (tmp_path, "is a directory"),
+      (tmp_path / "missing" / "c.png", "does not exist: create it"),
+      (tmp_path / "file" / "c.png", "is not a directory"),
+      ("/proc/c.png", "a file cannot be created in /proc"),
+      (tmp_path / "c.txt", "format matplotlib writes"),
+      (tmp_path / "c", "format matplotlib writes")]:
+    with pytest.raises(plot.PlotError, match=message) as e:
+      plot.check_output(str(output))
+    assert "\n" not in str(e.value)
+  plot.check_output(str(tmp_path / "c.PDF"))
+  plot.check_output(str(tmp_path / "c.svg"))
+  assert os.listdir(tmp_path) == ["file"]
+  _run(tmp_path / "run", _nested(5.0), [0.5])
+  curves = _labels(tmp_path / "run")[1]
+  with pytest.raises(plot.PlotError, match="is a directory"):
+    plot.plot_curves(curves, str(tmp_path))
+  assert not os.path.exists(f"{tmp_path}.png")
+  plot.plot_curves(curves, str(tmp_path / "c.pdf"))
+  assert (tmp_path / "c.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+@pytest.mark.slow
+def test_the_command_takes_paths_and_flags_and_fails_in_one_line(tmp_path):
+  """--help is the command's own (exit 0); RUN_DIR arguments beside
+  flags, a flag's value after a space included; a bad --output or an
+  unknown flag is one line, exit 2, before anything is written."""
+  result = _cli("--help")
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("Learning curves of runs")
+  assert "the flags of python -m experiments.plot:" in result.stdout
+  assert "--output:" in result.stdout and "--label_by:" in result.stdout
+  _run(tmp_path / "a", _nested(5.0), [0.5, 0.6])
+  out = tmp_path / "c.png"
+  result = _cli("--output", str(out), str(tmp_path / "a"))
+  assert result.returncode == 0, result.stderr
+  assert "1 runs, 1 curves (AugFL w/ PM)" in result.stdout
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  for args, message in [((f"--output={tmp_path}",), "is a directory"),
+                        (("--output=/proc/c.png",), "cannot be created"),
+                        ((f"--output={tmp_path / 'c.txt'}",), "format"),
+                        (("--nosuch",), "nosuch")]:
+    result = _cli(str(tmp_path / "a"), *args)
+    assert result.returncode == 2, (args, result.stderr)
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and not result.stdout
+  assert not os.path.exists(f"{tmp_path}.png")
+  assert sorted(os.listdir(tmp_path)) == ["a", "c.png"]
