@@ -22,8 +22,11 @@ from __future__ import annotations
 import importlib
 import logging as std_logging
 import os
+import re
 import sys
+import tempfile
 from typing import Any, Callable
+import warnings
 
 from absl import app
 from absl import flags
@@ -169,14 +172,39 @@ def default_cache_dir() -> str:
   return os.path.join(base, "augfl_jax", "jax_cache")
 
 
+def cache_unwritable(directory: str) -> str | None:
+  """Why the compilation cache cannot be kept in ``directory`` (``"it is a
+  file, not a directory"``, ``"permission denied"``, ...), or ``None`` when
+  a file can be created there (the directory is made if missing; the
+  probe's file is removed)."""
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    return "it is a file, not a directory"
+  try:
+    os.makedirs(directory, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write_probe_", dir=directory)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    reason = e.strerror or type(e).__name__
+    return reason[:1].lower() + reason[1:]
+  return None
+
+
 def enable_compilation_cache(directory: str | None = None) -> str:
   """Turns on JAX's persistent compilation cache in ``directory`` (default
   :func:`default_cache_dir`) for every program, however small or quick to
-  compile; returns the directory. Process-wide: call it before compiling."""
+  compile; returns the directory. Process-wide: call it before compiling.
+
+  Raises:
+    OSError: the directory cannot be written (:func:`cache_unwritable`
+      says why); the cache is then left as it was.
+  """
   from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
   directory = os.path.abspath(os.path.expanduser(
       directory or default_cache_dir()))
-  os.makedirs(directory, exist_ok=True)
+  reason = cache_unwritable(directory)
+  if reason is not None:
+    raise OSError(f"{directory}: {reason}")
   compilation_cache.reset_cache()  # a directory set before takes effect now
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -191,17 +219,84 @@ def disable_compilation_cache() -> None:
   compilation_cache.reset_cache()
 
 
+# JAX's warning, once per program, that a cache entry could not be read (a
+# damaged entry) or written.
+_CACHE_WARNING = re.compile(r"Error (reading|writing) persistent compilation "
+                            r"cache entry for '[^']*': (.*)", re.DOTALL)
+
+
+class _CacheWarnings:
+  """What :func:`quiet_cache_warnings` installed: the cache's directory and
+  whether its one line was printed."""
+  directory: str | None = None
+  shown = False
+
+
+def cache_warning_line(directory: str, message: str) -> str | None:
+  """The one line that stands for JAX's ``message`` about the cache in
+  ``directory``, or ``None`` when ``message`` is not about the cache."""
+  match = _CACHE_WARNING.match(message)
+  if match is None:
+    return None
+  verb, reason = match.groups()
+  reason = reason.strip().splitlines()[0] if reason.strip() else "?"
+  if verb == "reading":
+    return (f"warning: the compilation cache {directory} holds entries "
+            f"that cannot be read ({reason}); their programs are compiled "
+            "again, each run: delete the directory to rebuild it (further "
+            "warnings about the cache are not shown)")
+  return (f"warning: the compilation cache {directory} cannot be written "
+          f"({reason}); programs are compiled again, each run (further "
+          "warnings about the cache are not shown)")
+
+
+def quiet_cache_warnings(directory: str) -> None:
+  """JAX warns once per program that a cache entry cannot be read or
+  written (a damaged cache: a warning and its source line for each of a
+  run's dozens of programs). From now on the first such warning is one
+  line on stderr naming ``directory`` (:func:`cache_warning_line`) and the
+  rest are dropped; other warnings are shown as before. Process-wide."""
+  _CacheWarnings.directory = directory
+  _CacheWarnings.shown = False
+  if getattr(warnings.showwarning, "_quiets_cache", False):
+    return
+  shown_before = warnings.showwarning
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    text = cache_warning_line(_CacheWarnings.directory or "?", str(message))
+    if text is None:
+      return shown_before(message, category, filename, lineno, file, line)
+    if not _CacheWarnings.shown:
+      _CacheWarnings.shown = True
+      print(text, file=sys.stderr, flush=True)
+    return None
+
+  show._quiets_cache = True  # pylint: disable=protected-access
+  warnings.showwarning = show
+
+
 def start_command() -> None:
   """What every command does first: absl logs off unless --verbosity is
   given (orbax logs every file it touches, and logs each failure of a
   background save in dozens of lines before it raises the error the
-  command reports in one), and the compilation cache."""
+  command reports in one), and the compilation cache: one that cannot be
+  written is a warning, one line, and the command runs without it; one
+  whose entries cannot be read warns in one line
+  (:func:`quiet_cache_warnings`)."""
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.FATAL)
     # asyncio's "Task exception was never retrieved" for orbax's tasks.
     std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
   if FLAGS.compilation_cache:
-    enable_compilation_cache(FLAGS.compilation_cache_dir)
+    try:
+      directory = enable_compilation_cache(FLAGS.compilation_cache_dir)
+    except OSError as e:
+      print(f"warning: the compilation cache cannot be kept in {e}; "
+            "running without it (give --compilation_cache_dir a directory "
+            "you can write, or --nocompilation_cache)", file=sys.stderr,
+            flush=True)
+    else:
+      quiet_cache_warnings(directory)
 
 
 # What a command's body may raise that is the user's to fix: one line.

@@ -89,15 +89,17 @@ def test_the_same_clients_for_every_method_of_a_seed():
   assert not np.array_equal(base.support["y"], moved.support["y"])
 
 
-def _idx_dir(path, test_files=True, n=600):
+def _idx_dir(path, test_files=True, n=600, test_side=28):
   """A tiny Fashion-MNIST-like IDX directory: ``n`` train and 200 test
-  images, the test split a different scale so its standardisation shows."""
+  images (``test_side`` x ``test_side``, the train images 28x28), the test
+  split a different scale so its standardisation shows."""
   rng = np.random.default_rng(0)
   os.makedirs(path, exist_ok=True)
-  splits = [("train", n, 100)] + ([("t10k", 200, 200)] if test_files else [])
-  for prefix, count, high in splits:
+  splits = [("train", n, 100, 28)] + (
+      [("t10k", 200, 200, test_side)] if test_files else [])
+  for prefix, count, high, side in splits:
     idx.write_idx(os.path.join(path, f"{prefix}-images-idx3-ubyte.gz"),
-                  rng.integers(0, high, (count, 28, 28)).astype(np.uint8))
+                  rng.integers(0, high, (count, side, side)).astype(np.uint8))
     idx.write_idx(os.path.join(path, f"{prefix}-labels-idx1-ubyte.gz"),
                   (np.arange(count) % 10).astype(np.uint8))
   return str(path)
@@ -115,6 +117,46 @@ def test_the_test_split_is_read_beside_the_train_files(tmp_path):
   np.testing.assert_allclose(test.x, (raw - mean) / std, rtol=1e-5,
                              atol=1e-5)  # the train split's statistics
   assert abs(float(test.x.mean())) > 0.5  # not its own
+
+
+def test_test_images_of_another_shape_are_refused_where_they_are_read(
+    tmp_path):
+  root = _idx_dir(tmp_path / "fm", test_side=14)
+  train = data.load_dataset("fashion_mnist", data_dir=root)
+  location = data.locate_test_split("fashion_mnist",
+                                    data.locate("fashion_mnist", root))
+  with pytest.raises(idx.DataFileError) as e:
+    data.load_split("fashion_mnist", location, "test", like=train)
+  assert str(e.value) == (
+      f"dataset 'fashion_mnist': the test split's examples are 14x14x1 "
+      f"(IDX files {root}/t10k-images-idx3-ubyte.gz, "
+      f"{root}/t10k-labels-idx1-ubyte.gz) but the train split's are "
+      f"28x28x1 (IDX files {root}/train-images-idx3-ubyte.gz, "
+      f"{root}/train-labels-idx1-ubyte.gz); put the test files of the same "
+      "dataset beside the train files")
+  own = data.load_split("fashion_mnist", location, "test")  # no train split
+  assert own.x.shape[1:] == (14, 14, 1)
+
+
+@pytest.mark.parametrize("test_split", ["auto", "on"])
+def test_a_run_with_test_images_of_another_shape_stops_before_round_1(
+    tmp_path, test_split):
+  """14x14 ``t10k-*`` files beside 28x28 train files: the run stops as it
+  reads them, before it compiles or trains, under ``auto`` too (the files
+  are there but are not this dataset's test split: scoring without them
+  would hide it), not after the last round."""
+  root = _idx_dir(tmp_path / "fm", test_side=14)
+  config = training.RunConfig(
+      dataset="fashion_mnist", algorithm="fedavg", rounds=2,
+      data=training.DataConfig(data_dir=root, num_clients=10, M=10,
+                               server_size=100),
+      eval=training.EvalConfig(test_split=test_split))
+  lines, out = [], str(tmp_path / "run")
+  with pytest.raises(idx.DataFileError, match=r"the test split's examples "
+                     r"are 14x14x1 .* but the train split's are 28x28x1"):
+    training.run(config, out, log=lines.append)
+  assert not any(line.startswith("round") for line in lines), lines
+  assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
 
 
 def test_a_missing_test_split_is_said_once_or_stops_the_run(tmp_path):

@@ -26,8 +26,9 @@ from augfl_jax.core import intervals
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
 __all__ = [
-    "EvalFn", "fast_adapt", "make_evaluator", "masked_correct", "query_counts",
-    "score_in_chunks", "summarise", "with_interval"
+    "EvalFn", "check_eval_fn", "fast_adapt", "make_evaluator",
+    "masked_correct", "query_counts", "score_in_chunks", "summarise",
+    "with_interval"
 ]
 
 # eval_fn(params, batch) -> (masked mean loss, number of correct real examples)
@@ -54,7 +55,8 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
 
   Args:
     loss_fn: the training loss (used for the adaptation steps).
-    eval_fn: ``(params, batch) -> (loss, num_correct)``.
+    eval_fn: ``(params, batch) -> (loss, num_correct)``, two scalars: the
+      masked mean loss and the number of real examples predicted right.
     alpha: adaptation step size.
     steps: adaptation steps k (0 scores the model as it is).
     strategy: how to run the client axis (None: the backend's
@@ -70,7 +72,9 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
   Raises:
     ValueError: ``steps < 0``, or a concrete ``alpha`` that is negative, not
       finite, or 0 with ``steps > 0``; ``evaluate`` raises it for no
-      clients (``C = 0``) and for examples the loss cannot run on.
+      clients (``C = 0``), for examples the loss cannot run on, and for an
+      ``eval_fn`` that does not return two scalars
+      (:func:`check_eval_fn`).
   """
   strategy = clients_lib.as_strategy(strategy)
   if steps < 0:
@@ -91,10 +95,13 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     if clients.num_clients == 0:
       raise ValueError("no held-out clients to score (the client axis of "
                        "clients is 0)")
-    checks.check_loss_runs(loss_fn, params if not per_client_params else
-                           jax.tree.map(lambda p: p[0], params),
+    one_params = (params if not per_client_params else
+                  jax.tree.map(lambda p: p[0], params))
+    checks.check_loss_runs(loss_fn, one_params,
                            jax.tree.map(lambda a: a[0], clients.support),
                            "the held-out clients' support sets")
+    check_eval_fn(eval_fn, one_params,
+                  jax.tree.map(lambda a: a[0], clients.query))
     if per_client_params:
       fn, per_client = (lambda c: one_client(c[0], c[1])), (params, clients)
     else:
@@ -102,6 +109,38 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     return summarise(*clients_lib.map_clients(fn, per_client, strategy))
 
   return jax.jit(evaluate)
+
+
+def _describe(value: Any) -> str:
+  """``float32[]``, ``int32[16]``, ``a tuple of 3 (float32[], ...)``."""
+  if isinstance(value, (tuple, list)):
+    kind = "a tuple" if isinstance(value, tuple) else "a list"
+    return f"{kind} of {len(value)} ({', '.join(map(_describe, value))})"
+  if hasattr(value, "shape") and hasattr(value, "dtype"):
+    return f"{value.dtype}[{','.join(str(d) for d in value.shape)}]"
+  return type(value).__name__
+
+
+def check_eval_fn(eval_fn: EvalFn, params: Params, batch: Batch) -> None:
+  """Raises ``ValueError`` saying what is expected unless ``eval_fn(params,
+  batch)`` returns two numeric scalars, ``(mean loss, number correct)``
+  (one client's query set; shapes only, traced with ``jax.eval_shape``,
+  nothing is computed)."""
+  expected = ("eval_fn(params, batch) must return (mean loss, number "
+              "correct), two scalars")
+  try:
+    out = jax.eval_shape(eval_fn, params, batch)
+  except Exception as e:  # pylint: disable=broad-except
+    reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    raise ValueError(
+        f"eval_fn cannot run on a held-out client's query set "
+        f"({type(e).__name__}: {reason}); {expected}") from None
+  ok = (isinstance(out, (tuple, list)) and len(out) == 2
+        and all(hasattr(v, "shape") and v.shape == () and
+                jnp.issubdtype(v.dtype, jnp.number) for v in out))
+  if not ok:
+    raise ValueError(f"{expected}; on a held-out client's query set it "
+                     f"returned {_describe(out)}")
 
 
 def summarise(loss: jax.Array | None, correct: jax.Array, count: jax.Array,

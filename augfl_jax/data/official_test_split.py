@@ -301,6 +301,11 @@ def load_test_split_clients(dataset: Dataset, partition: Partition, *,
 
   Raises:
     OfficialTestSplitUnavailable: no test split, or one too small for a client.
+    idx.DataFileError: test-split files that are damaged or hold examples
+      of another shape than ``dataset``'s (read with
+      ``sources.load_split(..., like=dataset)``): under
+      ``--eval.test_split=auto`` too, as the files are there but wrong,
+      which a run must not pass over by scoring without them.
   """
   location = locate_test_split(
       dataset.name, location or catalog.locate(dataset.name, data_dir))

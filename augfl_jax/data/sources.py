@@ -95,23 +95,40 @@ def load_split(name: str, location: catalog.Location, split: str,
       split's location).
     split: ``"train"`` or ``"test"`` (for the tfds copy's split).
     like: standardise with this dataset's statistics (a test split with
-      its train split's); ``None``: with the split's own.
+      its train split's), whose examples' shape this split's must have;
+      ``None``: with the split's own.
 
   Returns:
     The :class:`Dataset`, in the files' order.
+
+  Raises:
+    idx.DataFileError: a file that is truncated or corrupt, or examples of
+      another shape than ``like``'s (14x14 test images beside 28x28 train
+      images), checked as the files are read.
   """
-  statistics = None if like is None else like.standardisation
-  return _read(catalog.spec(name), location, split, statistics)
+  return _read(catalog.spec(name), location, split, like)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+  """``28x28x1``."""
+  return "x".join(str(d) for d in shape)
 
 
 def _read(spec: catalog.DatasetSpec, location: catalog.Location, split: str,
-          statistics) -> Dataset:
+          like: Dataset | None) -> Dataset:
   if location.kind == "idx":
     images, y = idx.read_images_and_labels(
         *location.files, num_classes=spec.num_classes,
         label_offset=spec.label_offset)
   else:
     images, y = _read_tfds(spec, location.path, split)
+  if like is not None and images.shape[1:] != like.x.shape[1:]:
+    raise idx.DataFileError(
+        f"dataset {spec.name!r}: the {split} split's examples are "
+        f"{_shape(images.shape[1:])} ({location.describe()}) but the train "
+        f"split's are {_shape(like.x.shape[1:])} ({like.source}); put the "
+        f"{split} files of the same dataset beside the train files")
+  statistics = None if like is None else like.standardisation
   x = images.astype(np.float32)
   del images
   x /= 255.0
