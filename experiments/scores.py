@@ -103,13 +103,13 @@ def check_same_clients(a: RunScore, b: RunScore, test_split: bool) -> None:
                if a.protocol.get(k) != b.protocol.get(k)]
   sa, sb = a.headline(test_split), b.headline(test_split)
   if not differing and sa.digest and sb.digest and sa.digest != sb.digest:
-    differing = ["the clients' examples (their digests differ: another copy "
-                 "or version of the dataset)"]
+    differing = ["the same protocol, but the clients' examples differ "
+                 "(another copy or version of the dataset)"]
   if differing or not np.array_equal(sa.count, sb.count):
     raise ValueError(
-        f"{a.run_dir} and {b.run_dir} were not scored on the same clients ("
+        f"{a.run_dir} and {b.run_dir} were not scored on the same clients: "
         + ("; ".join(differing[:3]) or "their query sizes differ")
-        + "): a paired difference needs runs of one seed and one protocol")
+        + "; a paired difference needs runs of one seed and one protocol")
 
 
 def _check_scores(path: str, what: str, correct: np.ndarray,

@@ -126,9 +126,9 @@ def test_a_paired_difference_needs_the_same_clients():
                        "dataset 'fashion_mnist' against 'mnist'"),
                       (_score("b", "d1", **{"data.server_size": 5000}),
                        "data.server_size 10000 against 5000"),
-                      (_score("b", "d2"), "their digests differ")):
-    with pytest.raises(ValueError, match="not scored on the same clients "
-                       rf"\(.*{what}"):
+                      (_score("b", "d2"), "the clients' examples differ")):
+    with pytest.raises(ValueError, match="not scored on the same clients: "
+                       rf".*{what}"):
       scores.check_same_clients(a, other, False)
     with pytest.raises(ValueError):
       scores.paired([a, dataclasses_replace(other, method="n")], "m", "n",
