@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -179,7 +180,7 @@ def test_a_signal_in_the_last_round_ends_the_cli_run_with_128_plus_it(
 
 
 @pytest.mark.slow
-def test_sigint_stops_a_sweep_in_one_line_and_a_rerun_continues(
+def test_sigint_stops_a_sweep_with_the_command_that_continues_it(
     tmp_path, compile_cache):
   args = [sys.executable, "-m", "experiments.sweep", "--grid=augfl.rho=0.7",
           "--seeds=0", "--rounds=100", "--eval_every=100", "--augfl.lam=0",
@@ -198,9 +199,13 @@ def test_sigint_stops_a_sweep_in_one_line_and_a_rerun_continues(
     proc.kill()
   assert proc.returncode == 128 + signal.SIGINT, err
   lines = err.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("interrupted"), lines
-  assert "run the same command again to continue" in lines[0]
-  result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+  assert len(lines) == 2 and lines[0].startswith("interrupted"), lines
+  prefix = "continue with: python -m "
+  assert lines[1].startswith(prefix), lines
+  printed = shlex.split(lines[1][len(prefix):])
+  assert printed == args[2:], printed  # the command that was interrupted
+  result = subprocess.run([sys.executable, "-m"] + printed, cwd=ROOT,
+                          env=env, capture_output=True, text=True,
+                          timeout=300)
   assert result.returncode == 0, result.stderr
   assert "| augfl.rho=0.7 |" in result.stdout
