@@ -97,6 +97,9 @@ def parse_grid(text: str) -> list[Cell]:
       raise ValueError(f"bad --grid entry {part!r}: expected name=v1,v2 with "
                        "a dotted RunConfig field as name (e.g. augfl.rho, "
                        "eval.alpha, data.M, rounds)")
+    if any(axis[0][0] == name for axis in axes):
+      raise ValueError(f"--grid names {name} more than once; give its values "
+                       f"once ({name}=v1,v2)")
     kind = fields.leaf_type(leaves[name], name.rpartition(".")[2])
     axes.append([(name, value) for value in distinct(
         [_cast(kind, v.strip(), name) for v in values.split(",")],
@@ -133,7 +136,7 @@ _held: set[str] = set()  # the directories this process holds
 
 
 @contextlib.contextmanager
-def exclusive(directory: str, command: str) -> Iterator[None]:
+def exclusive(directory: str) -> Iterator[None]:
   """Holds ``directory``'s lock (``.augfl_jax.lock``, the directory made
   if needed) for the block: one command writes there at a time; another
   stops at once, one line naming the holder. Re-entered in the process
@@ -148,7 +151,7 @@ def exclusive(directory: str, command: str) -> Iterator[None]:
     raise ValueError(f"{directory} cannot be written: "
                      f"{e.strerror or e}") from None
   if fd is None:
-    raise ValueError(f"{directory} is in use by another {command} (process "
+    raise ValueError(f"{directory} is in use by another command (process "
                      f"{holder}); wait for it to finish or write elsewhere")
   _held.add(key)
   try:
@@ -286,7 +289,7 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
     ``final_accuracy``, ``best_accuracy``, ``run_dir``.
   """
   names = names or [cell_name(cell) for cell in cells]
-  with exclusive(out, command_name()):
+  with exclusive(out):
     return _run_cells(base, cells, seeds, out, names, transform,
                       checkpoint_every, log, finished_only)
 
@@ -421,7 +424,7 @@ def main(argv):
         raise ValueError(f"--grid cell {cell_name(cell)}: {e}") from None
       training.validate(config)
     out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
-    with exclusive(out, command_name()):  # its runs, then its tables
+    with exclusive(out):  # its runs, then its tables
       rows = run_cells(base, cells, seeds, out,
                        checkpoint_every=FLAGS.checkpoint_every)
       write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "

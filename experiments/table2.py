@@ -394,7 +394,7 @@ def run_table(base: training.RunConfig, datasets: list[str],
   with contextlib.ExitStack() as held:
     for directory in [out] + [_results_dir(results_dir, configs[dataset])
                               for dataset in datasets]:
-      held.enter_context(sweep.exclusive(directory, "table2"))
+      held.enter_context(sweep.exclusive(directory))
     return _run_table(base, datasets, methods, seeds, out, configs,
                       checkpoint_every, results_dir, replace_results, log,
                       finished_only)

@@ -174,7 +174,7 @@ def test_one_command_writes_a_results_directory_at_a_time(tmp_path):
   try:
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(ValueError, match=rf"{results} is in use by another "
-                       rf"table2 \(process {holder.pid}\)"):
+                       rf"command \(process {holder.pid}\)"):
       _table(tmp_path)
     assert not os.path.exists(tmp_path / "runs" / "digits")
   finally:

@@ -43,7 +43,11 @@ def test_grid_names_dotted_fields_typed_by_the_field():
                         ("augfl.rho=x", "augfl.rho takes float values"),
                         ("data.M=1.5", "data.M takes int values"),
                         ("augfl.uniform_weights=2", "true or false"),
-                        ("fedit.targets=a", "list field")):
+                        ("fedit.targets=a", "list field"),
+                        ("augfl.rho=0.7,0.70", "augfl.rho names 0.7 more "
+                         "than once"),
+                        ("augfl.rho=0.7;augfl.rho=0.5", "--grid names "
+                         "augfl.rho more than once")):
     with pytest.raises(ValueError, match=message):
       sweep.parse_grid(text)
 
