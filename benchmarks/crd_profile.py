@@ -42,6 +42,7 @@ from augfl_jax import models
 from augfl_jax import transfer
 from augfl_jax.transfer import nce
 from augfl_jax.transfer import shared_negatives
+from benchmarks import crd_cost
 
 FLAGS = flags.FLAGS
 INPUT_SHAPE = (28, 28, 1)
@@ -64,15 +65,6 @@ def define_flags() -> None:
   flags.DEFINE_string("output", "", "JSON results path (none if empty).")
 
 
-def flag(f: Any, name: str) -> Any:
-  """Flag ``name`` of ``f``: absl's ``FLAGS`` (``f[name].value``, which reads
-  the run's dotted names, ``crd.nce_k``, that attribute access cannot spell)
-  or a stand-in that has ``name`` as an attribute (``getattr``)."""
-  if isinstance(f, flags.FlagValues):
-    return f[name].value
-  return getattr(f, name)
-
-
 def _time(fn: Callable[[], Any]) -> float:
   start = time.perf_counter()
   jax.block_until_ready(fn())
@@ -83,8 +75,9 @@ def make_parts(f: Any) -> tuple[dict[str, Callable[[], Any]], int]:
   """The parts of one minibatch as zero-argument jitted calls, and the
   minibatches of a round."""
   rng = np.random.default_rng(f.seed)
-  n, b, k = f.server, flag(f, "crd.batch_size"), flag(f, "crd.nce_k")
-  negative_sampling = flag(f, "crd.negative_sampling")
+  n = f.server
+  b, k = crd_cost.flag(f, "crd.batch_size"), crd_cost.flag(f, "crd.nce_k")
+  negative_sampling = crd_cost.flag(f, "crd.negative_sampling")
   labels = rng.integers(0, f.num_classes, n).astype(np.int32)
   x_all = jnp.asarray(rng.standard_normal((n,) + INPUT_SHAPE, np.float32))
   model = models.create_model(f.student, f.num_classes)
@@ -92,7 +85,7 @@ def make_parts(f: Any) -> tuple[dict[str, Callable[[], Any]], int]:
   student_apply = models.make_features_fn(model)
   config = transfer.CRDConfig(batch_size=b, nce_k=k, kt_steps=1,
                               negative_sampling=negative_sampling,
-                              bank_dtype=flag(f, "crd.bank_dtype"))
+                              bank_dtype=crd_cost.flag(f, "crd.bank_dtype"))
   server = {"x": x_all, "y": jnp.asarray(labels),
             "mask": jnp.ones((n,), jnp.float32)}
   # A cached PM is rows to read, whatever it computed: here its features
@@ -175,7 +168,7 @@ def run(f: Any = None) -> dict[str, Any]:
       if i:
         times[name].append(t)
   med = {name: statistics.median(v) for name, v in times.items()}
-  fl = {name: flag(f, name) for name in (
+  fl = {name: crd_cost.flag(f, name) for name in (
       "server", "student", "num_classes", "pm_features", "crd.batch_size",
       "crd.nce_k", "crd.negative_sampling", "crd.bank_dtype", "repeats",
       "seed")}

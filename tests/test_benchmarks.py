@@ -169,10 +169,15 @@ def test_crd_benchmarks_read_the_runs_dotted_flag_names():
   values = flags.FlagValues()
   flags.DEFINE_integer("crd.nce_k", 16, "", flag_values=values)
   values(["benchmark", "--crd.nce_k=32"])
-  for module in (crd_cost, crd_profile):
-    assert module.flag(values, "crd.nce_k") == 32
-    assert module.flag(types.SimpleNamespace(**{"crd.nce_k": 4}),
+  assert crd_cost.flag(values, "crd.nce_k") == 32
+  assert crd_cost.flag(types.SimpleNamespace(**{"crd.nce_k": 4}),
                        "crd.nce_k") == 4
+  # crd_profile reads its dotted flags through crd_cost.flag
+  parts, minibatches = crd_profile.make_parts(types.SimpleNamespace(
+      seed=0, server=20, student="mlp", num_classes=3, pm_features=6,
+      **{"crd.batch_size": 8, "crd.nce_k": 4,
+         "crd.negative_sampling": "per_example", "crd.bank_dtype": "float32"}))
+  assert minibatches == 3 and "step" in parts
 
 
 def test_crd_cost_variants_take_the_students_convolutions_and_loop():

@@ -22,9 +22,8 @@ import pytest
 
 from augfl_jax.core import fields
 from augfl_jax import models, training
-from augfl_jax.pm import pretrain
-from augfl_jax.training import checkpoints, loop
-from tests import fake_pm
+from augfl_jax.training import loop
+from tests import fake_pm, run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = lambda s: None  # noqa: E731
@@ -75,14 +74,6 @@ def _cli_all(commands, env_home):
 def _config(**changes):
   """A ``RunConfig`` with dotted fields changed."""
   return fields.replace(training.RunConfig(), **changes)
-
-
-def _steps(out):
-  manager = checkpoints.RunCheckpoints(os.path.join(out, "checkpoints"))
-  try:
-    return manager.steps()
-  finally:
-    manager.close()
 
 
 def _restore(out, step):
@@ -147,7 +138,7 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
   out = str(tmp_path / "run")
   config = _config(rounds=2, eval_every=1, **{"augfl.lam": 0.0})
   training.run(config, out, log=QUIET, checkpoint_every=1)
-  assert _steps(out) == [1, 2]
+  assert run_files.steps(out) == [1, 2]
   before = open(os.path.join(out, "metrics.jsonl")).read()
   with nothing_compiled():
     with pytest.raises(ValueError, match="already holds this run") as e:
@@ -167,7 +158,7 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
   assert json.load(open(os.path.join(out, "config.json")))["seed"] == 1
   assert [json.loads(l)["round"] for l in open(
       os.path.join(out, "metrics.jsonl"))] == [1]
-  assert _steps(out) == [1]
+  assert run_files.steps(out) == [1]
   assert _restore(out, 1)[1]["config"]["seed"] == 1
 
 
@@ -234,7 +225,7 @@ def test_nan_in_one_clients_data_stops_the_run_naming_it(tmp_path):
   assert "client_loss of training clients [3] (nan)" in message
   assert "rows of training clients [3]" in message  # theta_i, y_i of client 3
   # The last good state (round 0: the initial one) is saved and finite.
-  assert _steps(tmp_path) == [0]
+  assert run_files.steps(tmp_path) == [0]
   state, meta = _restore(tmp_path, 0)
   assert meta["round"] == 0
   assert all(np.isfinite(np.asarray(x)).all()
@@ -253,7 +244,7 @@ def test_nan_with_sampled_clients_names_the_client_id(tmp_path):
                  transform_data=_nan_client(5))
   assert str(e.value).startswith(f"round {first}: ")
   assert "client_loss of training clients [5]" in str(e.value)
-  assert _steps(tmp_path) == [first - 1]
+  assert run_files.steps(tmp_path) == [first - 1]
   records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert [r["round"] for r in records] == list(range(1, first))
 
@@ -274,7 +265,7 @@ def test_a_non_finite_evaluation_stops_the_run(tmp_path):
   assert message.startswith("round 2: non-finite evaluation of the "
                             "held-out clients (")
   assert "(round 2)" in message and "\n" not in message
-  assert _steps(tmp_path) == [2]
+  assert run_files.steps(tmp_path) == [2]
   assert open(tmp_path / "metrics.jsonl").read() == ""
   assert not (tmp_path / "summary.json").exists()
 

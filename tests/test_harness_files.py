@@ -25,6 +25,7 @@ from augfl_jax import training
 from augfl_jax.core import fields
 from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
+from tests import run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = lambda s: None  # noqa: E731
@@ -44,21 +45,6 @@ def _cli(compile_cache, *args):
   return subprocess.run([sys.executable, "-m", "experiments.run", *args],
                         cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=300)
-
-
-def _one_line(result):
-  lines = result.stderr.strip().splitlines()
-  assert result.returncode == 2, result.stderr
-  assert len(lines) == 1 and lines[0].startswith("error: "), lines
-  return lines[0]
-
-
-def _steps(path):
-  manager = checkpoints.RunCheckpoints(os.path.join(path, "checkpoints"))
-  try:
-    return manager.steps()
-  finally:
-    manager.close()
 
 
 # ----------------------------------------------------------------------------
@@ -181,8 +167,9 @@ def test_a_run_whose_lock_is_a_link_is_refused_in_one_line(
   lock = out / outputs.LOCK
   lock.unlink()
   lock.symlink_to(target)
-  line = _one_line(_cli(compile_cache, "--algorithm=fedavg", "--rounds=2",
-                        f"--output_dir={out}", "--resume"))
+  line = run_files.one_line(_cli(compile_cache, "--algorithm=fedavg",
+                                 "--rounds=2", f"--output_dir={out}",
+                                 "--resume"))
   assert line == (f"error: the lock file {lock} is a symbolic link, which a "
                   "lock never follows; it was left untouched: remove it or "
                   "choose another directory")
@@ -199,7 +186,7 @@ def test_a_run_whose_lock_is_a_link_is_refused_in_one_line(
   lock.unlink()
   training.run(fields.replace(config, rounds=2), str(out), log=QUIET,
                resume=True, checkpoint_every=1)
-  assert _steps(str(out)) == [1, 2]
+  assert run_files.steps(str(out)) == [1, 2]
 
 
 def test_a_pm_lock_that_is_a_link_is_refused_in_one_line(
@@ -210,9 +197,9 @@ def test_a_pm_lock_that_is_a_link_is_refused_in_one_line(
   target.write_text(MINE)
   lock = tmp_path / ".pm.lock"
   lock.symlink_to(target)
-  line = _one_line(_cli(compile_cache, "--augfl.lam=1", "--rounds=1",
-                        f"--pm.dir={tmp_path / 'pm'}",
-                        f"--output_dir={tmp_path / 'run'}"))
+  line = run_files.one_line(_cli(compile_cache, "--augfl.lam=1",
+                                 "--rounds=1", f"--pm.dir={tmp_path / 'pm'}",
+                                 f"--output_dir={tmp_path / 'run'}"))
   assert line.startswith(f"error: the lock file {lock} is a symbolic link")
   assert target.read_text() == MINE
   assert not os.path.exists(tmp_path / "pm")

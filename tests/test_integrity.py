@@ -29,7 +29,7 @@ from augfl_jax import data, models, training
 from augfl_jax.core import fields
 from augfl_jax.pm import store as pm
 from augfl_jax.training import outputs, wiring
-from tests import fake_pm
+from tests import fake_pm, run_files
 
 QUIET = lambda s: None  # noqa: E731
 
@@ -39,11 +39,6 @@ pytestmark = pytest.mark.usefixtures("compile_cache")
 def _config(**changes):
   return fields.replace(training.RunConfig(), **{
       "augfl.lam": 0.0, "eval.test_split": "off", **changes})
-
-
-def _records(out):
-  with open(os.path.join(out, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
 
 
 def _array_files(root):
@@ -80,7 +75,7 @@ def test_an_edited_accuracy_in_checkpoint_metadata_is_caught(tmp_path):
   out = str(tmp_path / "run")
   config = _config(rounds=4, eval_every=2)
   training.run(config, out, log=QUIET, checkpoint_every=2)
-  whole = _records(out)
+  whole = run_files.records(out)
   path = os.path.join(out, "checkpoints", "step_4", "meta", "metadata")
   text = open(path).read()
   accuracy = json.dumps(whole[-1]["accuracy"])
@@ -95,10 +90,11 @@ def test_an_edited_accuracy_in_checkpoint_metadata_is_caught(tmp_path):
       "checksum" in damaged[0]
   assert any("resuming from round 2" in l for l in lines)
   key = lambda r: (r["round"], r["accuracy"], r["mean_train_loss"])
-  assert [key(r) for r in _records(out)[:2]] == [key(r) for r in whole]
+  assert ([key(r) for r in run_files.records(out)[:2]] ==
+          [key(r) for r in whole])
   summary = json.load(open(os.path.join(out, "summary.json")))
   assert summary["best_accuracy"] == max(r["accuracy"]
-                                         for r in _records(out))
+                                         for r in run_files.records(out))
 
 
 def test_a_pm_with_a_flipped_bit_or_an_edited_record_is_refused(tmp_path):
@@ -169,7 +165,7 @@ def test_resume_refuses_data_other_than_the_run_started_with(tmp_path):
                  resume=True, transform_data=relabel)
   training.run(fields.replace(config, rounds=3), out, log=QUIET,
                resume=True)
-  assert [r["round"] for r in _records(out)] == [1, 2, 3]
+  assert [r["round"] for r in run_files.records(out)] == [1, 2, 3]
 
 
 # ----------------------------------------------------------------------------
@@ -211,7 +207,7 @@ def test_an_emptied_manifest_is_named_with_the_command_that_restores_it(
   subprocess.run(command, shell=True, check=True)
   training.run(fields.replace(config, rounds=3), out, log=QUIET,
                resume=True)
-  assert [r["round"] for r in _records(out)] == [1, 2, 3]
+  assert [r["round"] for r in run_files.records(out)] == [1, 2, 3]
 
 
 def test_a_directory_holding_a_pm_is_refused_as_an_output_dir(tmp_path):

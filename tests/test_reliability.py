@@ -33,9 +33,9 @@ import pytest
 from augfl_jax.algorithms import fedavg
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax import data, models, training
-from augfl_jax.core import fields, tree
+from augfl_jax.core import fields
 from augfl_jax.training import checkpoints, outputs, wiring
-from tests import tiny
+from tests import run_files, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = lambda s: None  # noqa: E731
@@ -46,19 +46,6 @@ pytestmark = pytest.mark.usefixtures("compile_cache")
 
 def _config(**changes):
   return fields.replace(training.RunConfig(), **{**TINY, **changes})
-
-
-def _records(path):
-  with open(os.path.join(path, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
-def _steps(path):
-  manager = checkpoints.RunCheckpoints(os.path.join(path, "checkpoints"))
-  try:
-    return manager.steps()
-  finally:
-    manager.close()
 
 
 def _env(compile_cache):
@@ -85,13 +72,6 @@ def _wait_for_round(proc, round_):
         line.split()[1].split("/")[0]) >= round_:
       return
   raise AssertionError(f"no round {round_}: {proc.stderr.read()}")
-
-
-def _one_line(result, code=2):
-  lines = result.stderr.strip().splitlines()
-  assert result.returncode == code, result.stderr
-  assert len(lines) == 1 and lines[0].startswith("error: "), lines
-  return lines[0]
 
 
 def _no_data_loaded(monkeypatch):
@@ -127,13 +107,14 @@ def test_two_runs_and_a_resume_into_a_directory_in_use_get_one_line(
   finally:
     first.kill()
   for result in (second, resumed):
-    assert "is in use by another run (process " in _one_line(result)
+    assert ("is in use by another run (process "
+            in run_files.one_line(result))
   assert first.returncode == 128 + signal.SIGINT, err
   config = json.load(open(os.path.join(out, "config.json")))
   assert config["algorithm"] == "augfl" and config["rounds"] == 5000
-  rounds = [r["round"] for r in _records(out)]
+  rounds = [r["round"] for r in run_files.records(out)]
   assert rounds == list(range(2, rounds[-1] + 1, 2)) and rounds[-1] >= 4
-  assert _steps(out)[-1] >= rounds[-1]
+  assert run_files.steps(out)[-1] >= rounds[-1]
 
 
 def test_a_refused_run_never_removes_the_holders_new_directory(
@@ -232,12 +213,12 @@ def test_a_non_finite_evaluation_stops_and_writes_strict_json(tmp_path):
   text = open(tmp_path / "metrics.jsonl").read()
   assert "NaN" not in text and "Infinity" not in text
   assert not (tmp_path / "summary.json").exists()
-  assert _steps(tmp_path) == [3]
+  assert run_files.steps(tmp_path) == [3]
   # Resumed with a step size that works, round 3 is scored again.
   training.run(fields.replace(config, **{"eval.alpha": 0.03}),
                str(tmp_path), log=QUIET, checkpoint_every=0, resume=True,
                resume_changes=("eval.alpha",))
-  assert [r["round"] for r in _records(tmp_path)] == [3, 6]
+  assert [r["round"] for r in run_files.records(tmp_path)] == [3, 6]
 
 
 # ----------------------------------------------------------------------------
@@ -264,7 +245,8 @@ def test_tensorboard_events_are_complete_after_kill_9_and_resume(
   finally:
     proc.kill()  # SIGKILL: no handler, no flush, no close
     proc.wait()
-  saved = _steps(out)[-1]  # 3 or 6: the save of 6 may still be in flight
+  # 3 or 6: the save of 6 may still be in flight
+  saved = run_files.steps(out)[-1]
   # Up to the newest checkpoint the events are on disk already.
   before = _event_steps(os.path.join(out, "tb"))
   assert set(range(1, saved + 1)) <= set(before["train/loss"])
@@ -367,14 +349,14 @@ def test_a_torn_metrics_line_is_restored_from_the_checkpoint(tmp_path):
   (metrics.jsonl alone cannot give it back)."""
   config = _config(rounds=4, eval_every=2)
   training.run(config, str(tmp_path), log=QUIET, checkpoint_every=2)
-  whole = _records(tmp_path)
+  whole = run_files.records(tmp_path)
   text = open(tmp_path / "metrics.jsonl").read()
   open(tmp_path / "metrics.jsonl", "w").write(text[:-25])
   lines = []
   training.run(fields.replace(config, rounds=6), str(tmp_path),
                log=lines.append, checkpoint_every=2, resume=True)
   assert any("metrics.jsonl: dropped its last line" in l for l in lines)
-  records = _records(tmp_path)
+  records = run_files.records(tmp_path)
   assert [r["round"] for r in records] == [2, 4, 6]
   assert records[:2] == whole
 
@@ -404,7 +386,7 @@ def test_an_empty_config_json_does_not_block_the_next_run(tmp_path):
     shutil.rmtree(os.path.join(other, "checkpoints", name))
   open(os.path.join(other, "config.json"), "w").write('{"algor')
   training.run(config, other, log=QUIET)
-  assert [r["round"] for r in _records(other)] == [1, 2]
+  assert [r["round"] for r in run_files.records(other)] == [1, 2]
 
 
 def test_a_kill_during_the_first_save_leaves_clear_advice(tmp_path):
@@ -425,7 +407,7 @@ def test_a_kill_during_the_first_save_leaves_clear_advice(tmp_path):
   lines = []
   training.run(config, out, log=lines.append, checkpoint_every=0)
   assert any("without a checkpoint: starting it again" in l for l in lines)
-  assert _steps(out) == [2]
+  assert run_files.steps(out) == [2]
 
 
 # ----------------------------------------------------------------------------
@@ -435,7 +417,7 @@ def test_a_kill_during_the_first_save_leaves_clear_advice(tmp_path):
 def _two_checkpoints(out):
   training.run(_config(rounds=4, eval_every=2), out, log=QUIET,
                checkpoint_every=2)
-  assert _steps(out) == [2, 4]
+  assert run_files.steps(out) == [2, 4]
 
 
 def _array_files(out, step):
@@ -470,8 +452,8 @@ def test_a_damaged_checkpoint_falls_back_and_the_run_goes_on(tmp_path,
   assert "step_4 is damaged (" in text
   assert "resuming from round 2" in text
   assert os.path.isdir(os.path.join(out, "checkpoints", "step_4.damaged"))
-  assert _steps(out) == [4, 6]
-  assert [r["round"] for r in _records(out)] == [2, 4, 6]
+  assert run_files.steps(out) == [4, 6]
+  assert [r["round"] for r in run_files.records(out)] == [2, 4, 6]
 
 
 @pytest.mark.slow
@@ -493,7 +475,8 @@ def test_damaged_checkpoints_through_the_cli_print_no_tracebacks(
   for step in (4, 6):
     for f in _array_files(out, step):
       os.truncate(f, 0)
-  line = _one_line(_cli(compile_cache, *args[:1], "--rounds=8", *args[2:]))
+  line = run_files.one_line(_cli(compile_cache, *args[:1], "--rounds=8",
+                                 *args[2:]))
   assert "no checkpoint in" in line and "--overwrite" in line
 
 
@@ -507,8 +490,8 @@ def test_an_output_dir_that_is_a_file_is_one_line_before_loading(
   path.write_text("mine")
   started = time.time()
   for out in (path, path / "below"):
-    line = _one_line(_cli(compile_cache, "--augfl.lam=0",
-                          f"--output_dir={out}"))
+    line = run_files.one_line(_cli(compile_cache, "--augfl.lam=0",
+                                   f"--output_dir={out}"))
     assert line.startswith(f"error: --output_dir {out} cannot be written")
   assert path.read_text() == "mine"
   assert time.time() - started < 60  # no data, no model, no compilation
@@ -550,7 +533,7 @@ def test_a_write_error_during_the_run_is_one_line_naming_the_way_on(
                           "the directory) and continue with --resume")
   monkeypatch.undo()
   training.run(config, out, log=QUIET, checkpoint_every=2, resume=True)
-  assert [r["round"] for r in _records(out)] == [2, 4]
+  assert [r["round"] for r in run_files.records(out)] == [2, 4]
 
 
 def _limit_file_size():
@@ -569,15 +552,15 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_in_the_cli(
                 "--eval_every=2", "--checkpoint_every=2",
                 f"--output_dir={out}", "--nocompilation_cache",
                 preexec_fn=_limit_file_size)
-  line = _one_line(result)
+  line = run_files.one_line(result)
   assert re.match(rf"error: writing the run's files in {out} failed after "
                   r"round \d \(saving a checkpoint in .*\); no checkpoint "
                   r"was saved: make room \(or fix the directory\) and run "
                   "again$", line), line
-  assert _steps(out) == []
+  assert run_files.steps(out) == []
   training.run(_config(rounds=4, eval_every=2), out, log=QUIET,
                checkpoint_every=2)
-  assert _steps(out) == [2, 4]
+  assert run_files.steps(out) == [2, 4]
 
 
 # ----------------------------------------------------------------------------
@@ -606,7 +589,7 @@ def test_bad_flags_are_one_line_before_loading(tmp_path, compile_cache, args,
   out = tmp_path / "out"
   result = _cli(compile_cache, "--augfl.lam=0", "--rounds=2", *args,
                 f"--output_dir={out}")
-  line = _one_line(result)
+  line = run_files.one_line(result)
   assert message in line, line
   assert "dataset digits" not in result.stdout  # nothing loaded
   assert not out.exists()  # nothing written: the corrected run may start
@@ -665,7 +648,7 @@ def test_step_sizes_change_on_resume_when_named_and_recorded(tmp_path):
   assert summary["resume_changes"] == changes
   assert json.load(open(tmp_path / "config.json"))["fedavg"]["lr"] == 0.05
   assert "changes.jsonl" in outputs.OutputDir(out).own_files()
-  assert [r["round"] for r in _records(out)] == [2, 4]
+  assert [r["round"] for r in run_files.records(out)] == [2, 4]
   # The same again: nothing changes, nothing more is recorded.
   training.run(fields.replace(good, rounds=6), out, log=QUIET, resume=True,
                resume_changes=("fedavg.lr",))

@@ -20,9 +20,8 @@ import pytest
 from augfl_jax import algorithms, models, training
 from augfl_jax.storage import checkpoint
 from augfl_jax.core import client_axis as clients, fields
-from augfl_jax.pm import pretrain
 from augfl_jax.training import checkpoints, loop, rounds, wiring
-from tests import fake_pm
+from tests import fake_pm, run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PM_RUN = {"augfl.lam": 5.0, "pm.model": "mlp"}
@@ -66,11 +65,6 @@ def _crash_at(round_, monkeypatch):
   return log
 
 
-def _records(path):
-  with open(os.path.join(path, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
 def _without_seconds(records):
   return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
 
@@ -80,15 +74,6 @@ def _leaves(tree):
   return [np.asarray(jax.random.key_data(x)
                      if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
                      else x) for x in jax.tree.leaves(tree)]
-
-
-def _steps(path):
-  """The finished checkpoint steps of the run in ``path``."""
-  manager = checkpoints.RunCheckpoints(os.path.join(path, "checkpoints"))
-  try:
-    return manager.steps()
-  finally:
-    manager.close()
 
 
 def _restore(path, step):
@@ -136,19 +121,19 @@ def test_crash_then_resume_equals_straight_run(tmp_path, pm_dir, algorithm,
   with pytest.raises(Crash):
     training.run(config, str(tmp_path / "split"),
                  log=_crash_at(5, monkeypatch), checkpoint_every=3)
-  assert [r["round"] for r in _records(tmp_path / "split")] == [2, 4]
-  assert _steps(tmp_path / "split") == [3]
+  assert [r["round"] for r in run_files.records(tmp_path / "split")] == [2, 4]
+  assert run_files.steps(tmp_path / "split") == [3]
   summary = training.run(config, str(tmp_path / "split"), log=quiet,
                          checkpoint_every=3, resume=True)
   assert summary["resumed_from_round"] == 3
-  straight = _records(tmp_path / "straight")
-  split = _records(tmp_path / "split")
+  straight = run_files.records(tmp_path / "straight")
+  split = run_files.records(tmp_path / "split")
   assert [r["round"] for r in split] == [2, 4, 6]
   assert _without_seconds(split) == _without_seconds(straight)
   _assert_same_state(_state(tmp_path / "straight", 6),
                      _state(tmp_path / "split", 6))
   # The newest two checkpoints are kept.
-  assert _steps(tmp_path / "split") == [3, 6]
+  assert run_files.steps(tmp_path / "split") == [3, 6]
   # TensorBoard shows every round once: the crashed session's rounds 4-5
   # are dropped at the resumed session's start and written again.
   straight_tb, split_tb = (_events(tmp_path / name / "tb")
@@ -169,14 +154,15 @@ def test_larger_rounds_continue_a_finished_run(tmp_path):
   training.run(base, str(tmp_path / "a"), log=quiet, checkpoint_every=3)
   short = _config(algorithm="fedavg", rounds=4, eval_every=2)
   training.run(short, str(tmp_path / "b"), log=quiet, checkpoint_every=3)
-  assert _steps(tmp_path / "b") == [3, 4]
+  assert run_files.steps(tmp_path / "b") == [3, 4]
   assert json.load(open(tmp_path / "b" / "config.json"))["rounds"] == 4
   training.run(base, str(tmp_path / "b"), log=quiet, checkpoint_every=3,
                resume=True)
-  assert _steps(tmp_path / "b") == [4, 6]
+  assert run_files.steps(tmp_path / "b") == [4, 6]
   # The same records, but for the test-split scoring that ended the 4-round
   # run, which is kept.
-  extended, straight = _records(tmp_path / "b"), _records(tmp_path / "a")
+  extended = run_files.records(tmp_path / "b")
+  straight = run_files.records(tmp_path / "a")
   assert "test_split" in extended[1] and "test_split" not in straight[1]
   del extended[1]["test_split"]
   assert _without_seconds(extended) == _without_seconds(straight)
@@ -250,7 +236,7 @@ def test_tensorboard_events_match_metrics(tmp_path):
                str(tmp_path), log=lambda s: None)
   events = _events(tmp_path / "tb")
   assert sorted(events["train/loss"]) == [1, 2, 3, 4]
-  records = _records(tmp_path)
+  records = run_files.records(tmp_path)
   assert sorted(events["eval/accuracy"]) == [2, 4]
   for r in records:
     assert events["eval/accuracy"][r["round"]] == pytest.approx(r["accuracy"])
@@ -287,7 +273,7 @@ def test_sigint_saves_a_checkpoint_and_resume_finishes(tmp_path,
   assert proc.returncode == 128 + signal.SIGINT, err
   assert "Traceback" not in err
   assert "--resume" in err and "SIGINT" in err
-  steps = _steps(tmp_path)
+  steps = run_files.steps(tmp_path)
   assert len(steps) == 1 and 1 <= steps[0] < 200
   step = steps[0]
   state, meta = _restore(tmp_path, step)
@@ -299,11 +285,11 @@ def test_sigint_saves_a_checkpoint_and_resume_finishes(tmp_path,
   training.run(config, str(tmp_path), log=lines.append, checkpoint_every=0,
                resume=True)
   assert f"resuming from round {step}" in " ".join(lines)
-  rounds = [r["round"] for r in _records(tmp_path)]
+  rounds = [r["round"] for r in run_files.records(tmp_path)]
   assert rounds == [50, 100, 150, 200]
   # --checkpoint_every=0: nothing saved but the interrupted round and the
   # end.
-  assert _steps(tmp_path) == [step, 200]
+  assert run_files.steps(tmp_path) == [step, 200]
 
 
 # ----------------------------------------------------------------------------

@@ -13,17 +13,13 @@ import pytest
 from augfl_jax.core import fields
 from augfl_jax import training
 from experiments import table2
+from tests import run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # the CLI's compilation cache in the session's temp directory (conftest)
 pytestmark = pytest.mark.usefixtures("compile_cache")
-
-
-def _records(run_dir):
-  return [json.loads(line) for line in open(os.path.join(
-      run_dir, "metrics.jsonl"))]
 
 
 def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
@@ -57,7 +53,7 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
       ("fedavg", "0", "clients"), ("augfl_wo_pm", "0", "clients")]
   # A run's row: the test-split accuracy with its interval across clients,
   # as its metrics.jsonl recorded it.
-  run = _records(os.path.join(out, "digits", "fedavg", "seed0"))[-1]
+  run = run_files.records(os.path.join(out, "digits", "fedavg", "seed0"))[-1]
   split = run["test_split"]
   assert rows[2]["scored_on"] == "test_split"
   assert float(rows[2]["accuracy"]) == pytest.approx(
