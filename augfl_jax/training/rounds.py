@@ -224,9 +224,7 @@ class RoundLoop:
           self._save(r, state)
           self.saved_round = r
         if self.stop.signum is not None and r < loop.rounds:
-          path = (self._save(r, state) if self.saved_round != r else
-                  self.checkpoints.path(r))
-          self.checkpoints.wait()
+          path = self._saved(r, state)
           raise RunInterrupted(
               f"{signal.Signals(self.stop.signum).name} after round {r}/"
               f"{loop.rounds}: the run state is saved in {path}, where a "
@@ -242,11 +240,17 @@ class RoundLoop:
         "data_digest": self.digest,
         "seconds": self.offset + time.perf_counter() - self.start})
 
+  def _saved(self, round_: int, state: Any) -> str:
+    """The path of round ``round_``'s checkpoint, on disk: saved now unless
+    it is saved already."""
+    path = (self._save(round_, state) if self.saved_round != round_ else
+            self.checkpoints.path(round_))
+    self.checkpoints.wait()
+    return path
+
   def _stop_nonfinite(self, good: int, state: Any, what: str,
                       names: tuple[str, ...]) -> None:
-    path = (self._save(good, state) if self.saved_round != good else
-            self.checkpoints.path(good))
-    self.checkpoints.wait()
+    path = self._saved(good, state)
     advice = (" ".join(f"--{n}=<smaller>" for n in names) +
               f" --resume_changes={','.join(names)}" if names else
               "and the step sizes it uses, smaller, named in "
