@@ -112,12 +112,22 @@ def check_same_clients(a: RunScore, b: RunScore, test_split: bool) -> None:
         + "; a paired difference needs runs of one seed and one protocol")
 
 
+def _check_lengths(path: str, what: str, scores: np.ndarray,
+                   count: np.ndarray) -> None:
+  """Refuses per-client lists of different lengths, or none: one line
+  naming the file."""
+  if count.ndim != 1 or scores.shape != count.shape or not count.size:
+    raise ValueError(f"{path}: the {what} scores are not a run's "
+                     f"({scores.size} per-client scores for {count.size} "
+                     "query sizes: an edited or damaged file); rerun the run")
+
+
 def _check_scores(path: str, what: str, correct: np.ndarray,
                   count: np.ndarray) -> None:
   """Refuses scores no run writes (edited, or torn): one line naming the
   file."""
-  if (count.ndim != 1 or correct.shape != count.shape or not count.size
-      or (count <= 0).any() or (correct < 0).any() or (correct > count).any()):
+  _check_lengths(path, what, correct, count)
+  if (count <= 0).any() or (correct < 0).any() or (correct > count).any():
     raise ValueError(f"{path}: the {what} scores are not a run's (a count "
                      "of at most 0, or correct predictions outside 0..count: "
                      "an edited or damaged file); rerun the run")
@@ -174,6 +184,7 @@ def load_run_score(run_dir: str, method: str, seed: int,
     if not np.all(np.isfinite(accuracy)):
       raise ValueError(f"{path}: the held-out scores hold non-finite "
                        "accuracies (an edited or damaged file); rerun the run")
+    _check_lengths(path, "held-out", accuracy, counts)
     heldout = ClientScores(np.rint(accuracy * counts).astype(np.int64),
                            counts, final.get("clients_digest"))
     _check_scores(path, "held-out", heldout.correct, heldout.count)

@@ -95,6 +95,16 @@ def test_edited_or_torn_scores_are_refused_or_dropped(tmp_path):
       f.write("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
     with pytest.raises(ValueError, match="test-split scores"):
       scores.load_run_score(run_dir, "fedavg", 0)
+  for section, key in (("test_split", "client_correct"),
+                       (None, "client_accuracy")):
+    record = json.loads(lines[-1])
+    scored = record[section] if section else record
+    scored[key] = scored[key][:-1]  # a list cut short
+    with open(path, "w") as f:
+      f.write("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}: the .* scores are not a "
+                       r"run's \(\d+ per-client scores for \d+ query sizes"):
+      scores.load_run_score(run_dir, "fedavg", 0)
 
 
 def test_a_table_scores_every_run_on_the_same_clients(tmp_path):
