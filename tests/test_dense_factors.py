@@ -108,3 +108,33 @@ def _check_round(name):
     state_f, metrics_f = round_f(state_f, data)
   assert _max_diff(state_m.params, state_f.params) < 1e-12
   assert abs(float(metrics_m["loss"] - metrics_f["loss"])) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["mlp", "shared"])
+def test_factored_round_with_partial_participation(name):
+  with jax.enable_x64(True):
+    loss_fn, params, data = _problem(name, clients=5)
+    config = augfl.AugFLConfig(alpha=0.05, rho=2.0, lam=0.5)
+    round_m = augfl.make_round(loss_fn, config, "map")
+    round_f = factored.make_round(loss_fn, config, STRATEGY)
+    state_m = augfl.init_state(params, 5)
+    state_f = factored.init_state(loss_fn, params, data, rho=config.rho,
+                                  partial=True)
+    reg = jax.tree.map(lambda a: 0.01 * jnp.ones_like(a), params)
+    for ids in ([0, 2], [1, 2, 4], None, [3], [4, 0]):
+      ids = None if ids is None else jnp.asarray(ids)
+      state_m, _ = round_m(state_m, data, reg, ids)
+      state_f, _ = round_f(state_f, data, reg, ids)
+      assert _max_diff(state_m.params, state_f.params) < 1e-12
+    with pytest.raises(ValueError, match="partial=True"):
+      round_f(factored.init_state(loss_fn, params, data), data, reg,
+              jnp.asarray([0]))
+
+
+def test_the_state_keeps_its_shapes():
+  with jax.enable_x64(True):
+    loss_fn, params, data = _problem("shared")
+    state = factored.init_state(loss_fn, params, data)
+    after, _ = factored.make_round(loss_fn, augfl.AugFLConfig())(state, data)
+    assert (jax.tree.map(jnp.shape, state) ==
+            jax.tree.map(jnp.shape, after))
