@@ -56,8 +56,7 @@ def measure(config: training.RunConfig, repeats: int) -> dict:
   if fed.test_split is None:
     raise ValueError(f"{config.dataset}: no test split ({fed.test_split_off})")
   algo, params = wiring.build_algorithm(plan, fed, log=lambda s: None)
-  state = rounds.committed(algo.init(params, fed.train.num_clients,
-                                     jax.random.key(0)))
+  state = rounds.committed(algo.start(params, fed.train, jax.random.key(0)))
   work = {
       "round": lambda: algo.round(state, fed.train)[0],
       "heldout": lambda: algo.evaluate(state, fed.test)["accuracy"],

@@ -23,7 +23,7 @@ from augfl_jax.core import client_axis as clients, fields
 from augfl_jax import data, training
 from augfl_jax.algorithms.fedoa import round as fedoa
 from augfl_jax.data import rotated
-from augfl_jax.training import checkpoints, outputs, wiring
+from augfl_jax.training import checkpoints, outputs, rounds, wiring
 from augfl_jax.training.config import algorithm_config
 
 
@@ -156,7 +156,9 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
   fed = wiring.load_federated(plan)
   fed, _ = transform(fed)
   algo, params = wiring.build_algorithm(plan, fed, quiet)
-  like = algo.init(params, fed.train.num_clients, jax.random.key(0))
+  like = algo.start(params, fed.train, jax.random.key(0),
+                    partial=rounds.partial(config.clients_per_round,
+                                           fed.train.num_clients))
   manager = checkpoints.RunCheckpoints(os.path.join(run_dir, "checkpoints"))
   try:
     step, state, _ = manager.restore(like, quiet)

@@ -61,7 +61,7 @@ def _rounds(config, rounds):
   plan = training.prepare(config)
   fed = wiring.load_federated(plan)
   algo, params = wiring.build_algorithm(plan, fed, log=lambda s: None)
-  state = algo.init(params, fed.train.num_clients, plan.keys()[1])
+  state = algo.start(params, fed.train, plan.keys()[1])
   for _ in range(rounds):
     state = algo.round(state, fed.train, None)[0]
   return state

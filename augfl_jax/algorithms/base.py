@@ -64,6 +64,11 @@ class FederatedAlgorithm:
     traceable: ``round`` can be traced into a larger jitted program (a
       runner fuses it with its checks); False for a round that runs a
       Python loop of its own (the CRD server step with ``loop="python"``).
+    init_from_clients: ``init_from_clients(params, clients, key, partial)
+      -> state`` for a method whose state depends on the clients' data
+      shapes (AugFL's factored duals, ``augfl.factored``); ``partial``:
+      rounds will take a subset of the clients. None: ``init`` with their
+      number. Runners call :meth:`start`.
   """
 
   name: str
@@ -72,6 +77,16 @@ class FederatedAlgorithm:
   evaluate: Callable[[Any, ClientData], dict[str, jax.Array]]
   global_params: Callable[[Any], Params]
   traceable: bool = True
+  init_from_clients: (Callable[[Params, ClientData, PRNGKey, bool], Any]
+                      | None) = None
+
+  def start(self, params: Params, clients: ClientData, key: PRNGKey,
+            partial: bool = False) -> Any:
+    """The state a run over ``clients`` (the training ``ClientData``)
+    starts from; ``partial``: its rounds take a subset of the clients."""
+    if self.init_from_clients is not None:
+      return self.init_from_clients(params, clients, key, partial)
+    return self.init(params, clients.num_clients, key)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Factors", "dense_kernels", "materialise", "value_and_grad"]
+__all__ = ["Factors", "concat", "dense_kernels", "join_kernels", "materialise",
+           "split_kernels", "value_and_grad"]
 
 Path = tuple[str, ...]
 
@@ -39,7 +40,8 @@ class Factors(NamedTuple):
     return Factors(self.u, c * self.v)
 
 
-def _concat(parts: list[Factors]) -> Factors:
+def concat(parts: list[Factors]) -> Factors:
+  """The factors of the sum of ``parts``: rows stacked."""
   return Factors(jnp.concatenate([p.u for p in parts]),
                  jnp.concatenate([p.v for p in parts]))
 
@@ -70,7 +72,7 @@ def dense_kernels(loss_fn: Callable, params: Any, batch: Any
   return found
 
 
-def _split(params: Any, paths) -> tuple[Any, dict[Path, jax.Array]]:
+def split_kernels(params: Any, paths) -> tuple[Any, dict[Path, jax.Array]]:
   """``params`` without the kernels of ``paths``, and those kernels."""
   rest = jax.tree.map(lambda x: x, params)  # a copy of the nested dicts
   kernels = {}
@@ -87,7 +89,8 @@ def _split(params: Any, paths) -> tuple[Any, dict[Path, jax.Array]]:
   return rest, kernels
 
 
-def _join(rest: Any, kernels: Mapping[Path, jax.Array]) -> Any:
+def join_kernels(rest: Any, kernels: Mapping[Path, jax.Array]) -> Any:
+  """The inverse of :func:`split_kernels`."""
   full = jax.tree.map(lambda x: x, rest)
   for path, kernel in kernels.items():
     parent = full
@@ -109,7 +112,9 @@ def value_and_grad(loss_fn: Callable, params: Any, batch: Any,
     params: the model's parameters (the shared ``K`` of each dense layer).
     batch: the examples.
     corrections: ``{layer path: Factors}``, added to those kernels.
-    layers: ``dense_kernels(loss_fn, params, batch)``, if already known.
+    layers: the layers to factor, ``{path: output shapes}`` as
+      :func:`dense_kernels` gives them (default: all of them); other
+      ``nn.Dense`` kernels are differentiated as any parameter.
 
   Returns:
     ``(loss, grads of the other parameters (the tree of params without the
@@ -118,7 +123,7 @@ def value_and_grad(loss_fn: Callable, params: Any, batch: Any,
   """
   corrections = corrections or {}
   layers = dense_kernels(loss_fn, params, batch) if layers is None else layers
-  rest, kernels = _split(params, layers)
+  rest, kernels = split_kernels(params, layers)
   eps = {path: [jnp.zeros(s.shape, s.dtype) for s in shapes]
          for path, shapes in layers.items()}
 
@@ -126,9 +131,9 @@ def value_and_grad(loss_fn: Callable, params: Any, batch: Any,
     inputs: dict[Path, list] = {path: [] for path in layers}
 
     def interceptor(next_fun, args, kwargs, context):
-      if not _dense_call(context):
-        return next_fun(*args, **kwargs)
       path = tuple(context.module.path)
+      if not _dense_call(context) or path not in layers:
+        return next_fun(*args, **kwargs)
       x = args[0]
       y = next_fun(*args, **kwargs)
       if path in corrections:
@@ -140,13 +145,13 @@ def value_and_grad(loss_fn: Callable, params: Any, batch: Any,
       return y
 
     with nn.intercept_methods(interceptor):
-      value = loss_fn(_join(rest, kernels), batch)
+      value = loss_fn(join_kernels(rest, kernels), batch)
     return value, inputs
 
   (value, inputs), (grad_rest, grad_eps) = jax.value_and_grad(
       loss, argnums=(0, 1), has_aux=True)(rest, eps)
   factors = {
-      path: _concat([Factors(x.reshape(-1, x.shape[-1]),
+      path: concat([Factors(x.reshape(-1, x.shape[-1]),
                              b.reshape(-1, b.shape[-1]))
                      for x, b in zip(inputs[path], grad_eps[path])])
       for path in layers}
@@ -155,4 +160,4 @@ def value_and_grad(loss_fn: Callable, params: Any, batch: Any,
 
 def materialise(rest: Any, factors: Mapping[Path, Factors]) -> Any:
   """The full gradient tree: ``rest`` with each kernel ``A^T B``."""
-  return _join(rest, {path: f.u.T @ f.v for path, f in factors.items()})
+  return join_kernels(rest, {path: f.u.T @ f.v for path, f in factors.items()})

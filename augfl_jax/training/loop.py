@@ -162,7 +162,9 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
         f"{signal.Signals(stop.signum).name} during PM pretraining ({e}): "
         "this run saved no PM and trained no round", stop.signum,
         start_round, kept) from None
-  state = rounds.committed(algo.init(params, num_clients, plan.keys()[1]))
+  state = rounds.committed(algo.start(
+      params, fed.train, plan.keys()[1],
+      partial=rounds.partial(config.clients_per_round, num_clients)))
   if stop.signum is not None:
     pm_kept = (f"; the PM it pretrained is saved in {config.pm.dir} and is "
                "reused" if new_pm and checkpoint.exists(config.pm.dir)

@@ -31,10 +31,16 @@ from augfl_jax.training.events import EventWriter
 from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
                                        describe, guard_round)
 
-__all__ = ["LoopConfig", "RoundLoop", "committed", "sample_participants"]
+__all__ = ["LoopConfig", "RoundLoop", "committed", "partial",
+           "sample_participants"]
 
 # Rounds are logged at evaluations, and otherwise at least this often.
 LOG_SECONDS = 10.0
+
+
+def partial(clients_per_round: int, num_clients: int) -> bool:
+  """Whether rounds take a subset of the ``num_clients`` clients."""
+  return clients_per_round not in (0, num_clients)
 
 
 def sample_participants(seed: int, round_: int, num_clients: int,
@@ -42,7 +48,7 @@ def sample_participants(seed: int, round_: int, num_clients: int,
   """The clients taking part in ``round_``: ``clients_per_round`` of them,
   uniformly without replacement, reproducible from (seed, round); ``None``
   (everyone) when all take part (``clients_per_round`` 0 or ``C``)."""
-  if clients_per_round in (0, num_clients):
+  if not partial(clients_per_round, num_clients):
     return None
   rng = np.random.default_rng([seed, round_])
   return np.sort(rng.choice(num_clients, clients_per_round, replace=False))

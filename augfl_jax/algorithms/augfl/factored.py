@@ -1,9 +1,9 @@
 """AugFL's round with the dense layers' per-client quantities as factors.
 
-The same arithmetic as ``round.make_round`` in another order (full
-participation, finite-difference HVP). For a dense kernel each client's
-``g_s``, ``r`` and the two finite-difference gradients are ``A^T B``
-(``augfl_jax.core.dense_factors``), so
+The same arithmetic as ``round.make_round`` in another order (finite-
+difference HVP). For a dense kernel each client's ``g_s``, ``r`` and the
+two finite-difference gradients are ``A^T B`` (``augfl_jax.core.
+dense_factors``), so
 
 * ``phi = theta - alpha A_s^T B_s`` and ``theta +- delta A_q^T B_q`` are
   applied to inputs as low-rank corrections of the shared kernel;
@@ -12,7 +12,13 @@ participation, finite-difference HVP). For a dense kernel each client's
 * after step 5 ``y_i = -w_i d_i`` (SPEC §2), stored as those factors;
 * Eq. (13) with every client taking part: ``theta^{t+1} = theta^t -
   [sum_i (y_i^prev + 2 w_i d_i) + lam grad R_h] / sum_i rho_i``, the dense
-  sums one matmul of the stacked factors.
+  sums one matmul of the stacked factors (``[r C, d_in]^T [r C, d_out]``).
+
+Which kernels are factored: those whose factors are smaller than the kernel,
+``r (d_in + d_out) < d_in d_out`` with ``r`` the rows of ``U_i`` (the
+query rows plus twice the support rows the layer sees): the 3136x512 kernel
+of the cnn at n = 15 (r = 45), not its 512x10 head. Every other parameter
+(convolutions, norms, biases, small kernels) stays materialised.
 
 Partial participation: a client j that does not take part enters Eq. (13)
 with ``s_j = y_j + rho theta_j = rho theta^{t_j} - y_j^prev + 2 y_j``,
@@ -20,6 +26,8 @@ where ``theta^{t_j}`` is the global model of the round it last took part
 in: one dense tree per client, which no factor replaces. A state made with
 ``init_state(..., partial=True)`` keeps ``terms`` (the ``s_j``, ``[C, ...]``)
 and the server sums them; without it only full participation is allowed.
+
+``DENSE_UPDATES`` and :func:`choose` state when ``auto`` factors.
 """
 
 from __future__ import annotations
@@ -33,21 +41,39 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax.algorithms.augfl import round as augfl_round
+from augfl_jax.core import checks
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import dense_factors as df
 from augfl_jax.core import tree
+from augfl_jax.core.types import ClientData, LossFn, Params
 
-__all__ = ["FactoredState", "init_state", "make_round"]
+__all__ = ["AUTO_MIN_SHARE", "FactoredState", "choose", "client_direction",
+           "factored_layers", "init_state", "make_round", "state_bytes"]
+
+# ``auto`` factors when the kernels that would be factored hold at least
+# this share of the parameters (benchmarks/RESULTS.md, "Dense layers as
+# factors"): the cnn (98.6%) and the mlp on 28x28 inputs (99.9%) are faster
+# factored; a model whose big kernels stay dense gains nothing.
+AUTO_MIN_SHARE = 0.5
 
 
 @flax.struct.dataclass
 class FactoredState:
-  """``params``; the duals' other leaves ``[C, ...]`` and dense factors
-  ``{path: Factors([C, r, d_in], [C, r, d_out])}``; ``client_rounds``;
-  ``terms``: None (full participation only) or each client's ``y_j + rho
-  theta_j``, ``[C, ...]`` like ``params``."""
+  """AugFL's state with the factored kernels' duals as factors.
 
-  params: Any
+  Attributes:
+    params: theta^t.
+    dual_rest: y_i's other leaves, ``[C, ...]`` (params without the
+      factored kernels).
+    dual_factors: ``{layer path: Factors(u [C, r, d_in], v [C, r,
+      d_out])}``, y_i's factored kernels ``u_i^T v_i``.
+    client_rounds: ``[C]`` int32, rounds each client has taken part in.
+    round: scalar int32, server rounds completed.
+    terms: None (full participation only) or each client's ``y_j + rho
+      theta_j``, ``[C, ...]`` like ``params``.
+  """
+
+  params: Params
   dual_rest: Any
   dual_factors: Any
   client_rounds: jax.Array
@@ -55,24 +81,84 @@ class FactoredState:
   terms: Any = None
 
 
-def init_state(loss_fn, params, clients, rho: float = 0.0,
-               partial: bool = False) -> FactoredState:
-  one = jax.tree.map(lambda a: a[0], clients.support)
-  one_q = jax.tree.map(lambda a: a[0], clients.query)
-  layers = df.dense_kernels(loss_fn, params, one)
-  layers_q = df.dense_kernels(loss_fn, params, one_q)
-  rest, kernels = df._split(params, layers)  # pylint: disable=protected-access
+def _rows(shapes) -> int:
+  return sum(math.prod(s.shape[:-1]) for s in shapes)
+
+
+def factored_layers(loss_fn: LossFn, params: Params, support: Any,
+                    query: Any) -> tuple[dict, dict]:
+  """``(layers, layers_q)``: the ``nn.Dense`` layers worth factoring, with
+  the output shapes of their calls on one client's ``support`` and
+  ``query`` (``df.dense_kernels``): those whose ``r`` rows of factors hold
+  fewer numbers than the kernel."""
+  layers = df.dense_kernels(loss_fn, params, support)
+  layers_q = df.dense_kernels(loss_fn, params, query)
+  _, kernels = df.split_kernels(params, layers)
+  keep = [p for p, k in kernels.items()
+          if (_rows(layers_q.get(p, ())) + 2 * _rows(layers[p])) *
+          (k.shape[0] + k.shape[1]) < k.shape[0] * k.shape[1]]
+  return ({p: layers[p] for p in keep},
+          {p: layers_q.get(p, []) for p in keep})
+
+
+def _one(clients: ClientData) -> tuple[Any, Any]:
+  return (jax.tree.map(lambda a: a[0], clients.support),
+          jax.tree.map(lambda a: a[0], clients.query))
+
+
+def choose(config: augfl_round.AugFLConfig, loss_fn: LossFn, params: Params,
+           clients: ClientData | None) -> str:
+  """``"factored"`` or ``"materialised"``, as ``config.dense_updates`` says.
+
+  ``auto`` is ``factored`` when the HVP is the finite-difference one, the
+  clients' shapes are known (``clients`` given), and the kernels that
+  :func:`factored_layers` picks hold at least ``AUTO_MIN_SHARE`` of the
+  parameters; else ``materialised``.
+
+  Raises:
+    ValueError: ``factored`` with ``hvp="exact"`` or without ``clients``.
+  """
+  mode = config.dense_updates
+  if mode == "materialised":
+    return mode
+  if config.hvp != "finite_difference" or clients is None:
+    if mode == "auto":
+      return "materialised"
+    raise ValueError(
+        "--augfl.dense_updates=factored needs the finite-difference HVP "
+        f"(--augfl.hvp=finite_difference, got {config.hvp})"
+        if clients is not None else
+        "dense_updates='factored' needs the clients' data to size the "
+        "state: start the algorithm with algo.start(params, clients, key) "
+        "or use factored.init_state(loss_fn, params, clients)")
+  if mode == "factored":
+    return mode
+  layers, _ = factored_layers(loss_fn, params, *_one(clients))
+  _, kernels = df.split_kernels(params, layers)
+  total = sum(a.size for a in jax.tree.leaves(params))
+  share = sum(k.size for k in kernels.values()) / total
+  return "factored" if share >= AUTO_MIN_SHARE else "materialised"
+
+
+def init_state(loss_fn: LossFn, params: Params, clients: ClientData,
+               rho: float = 0.0, partial: bool = False) -> FactoredState:
+  """Zero duals, no rounds taken, the factored kernels sized by one client
+  of ``clients`` (every client has the same padded shapes); with
+  ``partial`` (rounds of a subset of clients), ``terms`` = ``rho
+  theta^0`` for every client (``rho`` > 0 then)."""
+  if partial and not rho > 0:
+    raise ValueError(f"a partial-participation state needs rho > 0, got {rho}")
+  layers, layers_q = factored_layers(loss_fn, params, *_one(clients))
+  rest, kernels = df.split_kernels(params, layers)
   num = clients.num_examples.shape[0]
-  count = lambda shapes: sum(math.prod(s.shape[:-1]) for s in shapes)
-  rows = {p: count(layers_q[p]) + 2 * count(layers[p]) for p in layers}
-  factors = {p: df.Factors(
-      jnp.zeros((num, rows[p], k.shape[0]), k.dtype),
-      jnp.zeros((num, rows[p], k.shape[1]), k.dtype))
-             for p, k in kernels.items()}
+  factors = {}
+  for p, k in kernels.items():
+    rows = _rows(layers_q[p]) + 2 * _rows(layers[p])
+    factors[p] = df.Factors(jnp.zeros((num, rows, k.shape[0]), k.dtype),
+                            jnp.zeros((num, rows, k.shape[1]), k.dtype))
   return FactoredState(
       params=params,
-      dual_rest=jax.tree.map(lambda a: jnp.zeros((num,) + a.shape, a.dtype),
-                             rest),
+      dual_rest=tree.broadcast_to_clients(optax.tree.zeros_like(rest), num),
       dual_factors=factors,
       client_rounds=jnp.zeros((num,), jnp.int32),
       round=jnp.zeros((), jnp.int32),
@@ -80,55 +166,92 @@ def init_state(loss_fn, params, clients, rho: float = 0.0,
              if partial else None))
 
 
-def client_direction(loss_fn, layers, layers_q, theta, support, query, *,
-                     alpha, delta):
-  """``d = r - alpha g`` of one client: (other leaves, dense factors) and
-  the losses."""
-  theta_rest, kernels = df._split(theta, layers)  # pylint: disable=protected-access
-  at = lambda rest: df._join(rest, kernels)  # pylint: disable=protected-access
+def state_bytes(state: Any) -> int:
+  """Bytes of a state's arrays (``AugFLState`` or ``FactoredState``)."""
+  return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state))
+
+
+def client_direction(loss_fn: LossFn, layers: dict, layers_q: dict,
+                     theta: Params, support: Any, query: Any, *,
+                     alpha, delta) -> tuple[Any, dict, jax.Array, jax.Array]:
+  """Steps 1-3 of one client with the ``layers`` kernels as factors.
+
+  Returns:
+    ``(d_rest, d_factors, query_loss, support_loss)``: ``d = r - alpha g``
+    (Eqs. (7), (10)), its other leaves and ``{path: Factors}`` with ``r =
+    query rows + 2 support rows`` rows.
+  """
+  theta_rest, kernels = df.split_kernels(theta, layers)
+  at = lambda rest: df.join_kernels(rest, kernels)
   support_loss, gs_rest, gs_f = df.value_and_grad(
       loss_fn, theta, support, layers=layers)
-  phi_rest = optax.tree.add_scale(theta_rest, -alpha, gs_rest)
   query_loss, r_rest, r_f = df.value_and_grad(
-      loss_fn, at(phi_rest), query,
+      loss_fn, at(optax.tree.add_scale(theta_rest, -alpha, gs_rest)), query,
       corrections={p: f.scale(-alpha) for p, f in gs_f.items()},
       layers=layers_q)
-  _, gp_rest, gp_f = df.value_and_grad(
-      loss_fn, at(optax.tree.add_scale(theta_rest, delta, r_rest)), support,
-      corrections={p: f.scale(delta) for p, f in r_f.items()}, layers=layers)
-  _, gm_rest, gm_f = df.value_and_grad(
-      loss_fn, at(optax.tree.add_scale(theta_rest, -delta, r_rest)), support,
-      corrections={p: f.scale(-delta) for p, f in r_f.items()},
-      layers=layers)
+
+  def support_grad(sign):  # grad L(theta + sign delta r, D^s)
+    _, rest, factors = df.value_and_grad(
+        loss_fn, at(optax.tree.add_scale(theta_rest, sign * delta, r_rest)),
+        support, corrections={p: f.scale(sign * delta)
+                              for p, f in r_f.items()}, layers=layers)
+    return rest, factors
+
+  (gp_rest, gp_f), (gm_rest, gm_f) = support_grad(1.0), support_grad(-1.0)
   g_rest = optax.tree.scale(0.5 / delta, optax.tree.sub(gp_rest, gm_rest))
   d_rest = optax.tree.add_scale(r_rest, -alpha, g_rest)
   c = alpha * 0.5 / delta
-  d_f = {p: df._concat([r_f[p], gp_f[p].scale(-c), gm_f[p].scale(c)])  # pylint: disable=protected-access
+  d_f = {p: df.concat([r_f[p], gp_f[p].scale(-c), gm_f[p].scale(c)])
          for p in r_f}
   return d_rest, d_f, query_loss, support_loss
 
 
-def _dense_duals(rest, factors):
-  """The duals as full trees ``[K, ...]``."""
-  return df._join(rest, {p: jnp.einsum("cri,cro->cio", f.u, f.v)  # pylint: disable=protected-access
-                         for p, f in factors.items()})
+def _per_client(stacked: Any, s: jax.Array) -> Any:
+  """Each client's rows of ``stacked`` (leaves ``[K, ...]``) times ``s[k]``."""
+  return jax.tree.map(
+      lambda a: a * s.reshape((-1,) + (1,) * (a.ndim - 1)).astype(a.dtype),
+      stacked)
 
 
-def make_round(loss_fn, config: augfl_round.AugFLConfig, strategy=None):
+def _dense(rest: Any, factors: dict) -> Any:
+  """Per-client trees ``[K, ...]`` from other leaves and factors."""
+  return df.join_kernels(rest, {p: jnp.einsum("cri,cro->cio", f.u, f.v)
+                                for p, f in factors.items()})
+
+
+def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
+               strategy: str | clients_lib.ClientStrategy | None = None):
+  """A jitted factored AugFL round: ``round_fn(state, clients,
+  reg_grad=None, participants=None) -> (state, metrics)``, the contract and
+  metrics of ``round.make_round`` on a :class:`FactoredState`.
+
+  Raises:
+    ValueError: ``config.hvp`` is not ``finite_difference``; when the
+      round runs: ``lam > 0`` without ``reg_grad``, participants with a
+      state made without ``partial=True``, bad participants, or a support
+      set the loss cannot run on.
+  """
+  if config.hvp != "finite_difference":
+    raise ValueError("the factored round needs the finite-difference HVP "
+                     f"(hvp='finite_difference', got {config.hvp!r})")
   strategy = clients_lib.as_strategy(strategy)
 
-  def round_fn(state: FactoredState, clients, reg_grad=None,
+  def round_fn(state: FactoredState, clients: ClientData, reg_grad=None,
                participants=None):
+    if config.lam > 0 and reg_grad is None:
+      raise ValueError("config.lam > 0 needs reg_grad = grad R_h(theta^t)")
     if participants is not None and state.terms is None:
       raise ValueError("partial participation needs a state made with "
                        "init_state(..., partial=True)")
     select, merge = tree.client_subset(participants)
     num = clients.num_examples.shape[0]
     support, query = select(clients.support), select(clients.query)
-    layers = df.dense_kernels(loss_fn, state.params,
-                              jax.tree.map(lambda a: a[0], support))
-    layers_q = df.dense_kernels(loss_fn, state.params,
-                                jax.tree.map(lambda a: a[0], query))
+    one_support, one_query = _one(ClientData(support, query,
+                                             clients.num_examples))
+    checks.check_loss_runs(loss_fn, state.params, one_support,
+                           "the client's support set")
+    layers, layers_q = factored_layers(loss_fn, state.params, one_support,
+                                       one_query)
     weights = select(augfl_round.client_weights(clients.num_examples,
                                                 config.uniform_weights))
     rounds = select(state.client_rounds) + 1
@@ -144,13 +267,11 @@ def make_round(loss_fn, config: augfl_round.AugFLConfig, strategy=None):
         one_client, dict(support=support, query=query, delta=deltas),
         strategy)
     w = weights.astype(dtype)
-    scale = lambda t, s: jax.tree.map(
-        lambda a: a * s.reshape((-1,) + (1,) * (a.ndim - 1)), t)
     old_rest, old_f = select(state.dual_rest), select(state.dual_factors)
-    new_rest = scale(d_rest, -w)
-    new_f = {p: df.Factors(f.u, scale(f.v, -w)) for p, f in d_f.items()}
+    new_rest = _per_client(d_rest, -w)  # y_i = -w_i d_i
+    new_f = {p: df.Factors(f.u, _per_client(f.v, -w)) for p, f in d_f.items()}
     if state.terms is None:
-      # sum_i (y_i^prev + 2 w_i d_i) = sum_i (y_i^prev - 2 y_i), then
+      # sum_i (y_i^prev + 2 w_i d_i), then
       # theta^{t+1} = theta^t - [that + lam grad R_h] / (C rho)
       total_rest = jax.tree.map(
           lambda y, d: jnp.tensordot(jnp.ones((num,), dtype), y, 1) +
@@ -158,20 +279,20 @@ def make_round(loss_fn, config: augfl_round.AugFLConfig, strategy=None):
       total_k = {}
       for p, f in d_f.items():
         u = jnp.concatenate([old_f[p].u, f.u], axis=1)
-        v = jnp.concatenate([old_f[p].v, scale(f.v, 2 * w)], axis=1)
+        v = jnp.concatenate([old_f[p].v, _per_client(f.v, 2 * w)], axis=1)
         total_k[p] = jnp.einsum("cri,cro->io", u, v)
-      total = df._join(total_rest, total_k)  # pylint: disable=protected-access
+      total = df.join_kernels(total_rest, total_k)
       if reg_grad is not None:
         total = optax.tree.add_scale(total, config.lam, reg_grad)
       params = optax.tree.add_scale(state.params,
                                     -1.0 / (num * config.rho), total)
       terms = None
     else:
-      # s_i = rho theta^t - y_i^prev + 2 y_i for the participants
+      # s_i = rho theta^t - y_i^prev + 2 y_i for the participants; Eq. (13)
+      # over every client's latest s_j
       fresh = jax.tree.map(
           lambda theta, y_old, y_new: config.rho * theta - y_old + 2 * y_new,
-          state.params, _dense_duals(old_rest, old_f),
-          _dense_duals(new_rest, new_f))
+          state.params, _dense(old_rest, old_f), _dense(new_rest, new_f))
       terms = merge(state.terms, fresh)
       total = tree.weighted_sum(terms, jnp.ones((num,), dtype))
       if reg_grad is not None:
@@ -183,7 +304,9 @@ def make_round(loss_fn, config: augfl_round.AugFLConfig, strategy=None):
         dual_factors=merge(state.dual_factors, new_f),
         client_rounds=merge(state.client_rounds, rounds),
         round=state.round + 1, terms=terms)
-    return new_state, {"loss": jnp.sum(w * query_loss) / jnp.sum(w),
-                       "support_loss": jnp.sum(w * support_loss) / jnp.sum(w)}
+    return new_state, {
+        "loss": jnp.sum(w * query_loss) / jnp.sum(w),
+        "support_loss": jnp.sum(w * support_loss) / jnp.sum(w),
+        "client_loss": query_loss}
 
-  return jax.jit(round_fn)
+  return tree.checked_round(jax.jit(round_fn), position=3)

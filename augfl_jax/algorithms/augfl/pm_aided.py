@@ -10,6 +10,12 @@ run's regulariser ``"none"``) is "AugFL w/o PM": no regulariser is needed
 ``kt_only`` is Eq. (13) without the federated term (no client takes part):
 ``theta^{t+1} = theta^t - lam grad R_h(theta^t) / sum_i rho_i``.
 
+The clients' round is ``round.make_round`` on an ``AugFLState``, or
+``factored.make_round`` on the ``FactoredState`` that ``start`` (the
+method's ``init_from_clients``) makes when ``config.dense_updates`` resolves
+to ``factored`` (``factored.choose``; ``init``, which has no client data,
+makes a materialised state).
+
 Held-out clients: fast adaptation of the meta-model (``augfl_jax.
 evaluation``).
 """
@@ -22,6 +28,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 
+from augfl_jax.algorithms.augfl import factored
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
@@ -87,11 +94,23 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
     raise ValueError(f"{name} with lam > 0 needs a server regulariser")
   strategy = clients_lib.as_strategy(strategy)
   reg_init, reg_grad_fn = pm or (lambda key, params: None, None)
-  round_fn = augfl.make_round(models.make_loss_fn(model), config, strategy)
+  loss_fn = models.make_loss_fn(model)
+  round_fn = augfl.make_round(loss_fn, config, strategy)
+  factored_round = (factored.make_round(loss_fn, config, strategy)
+                    if config.hvp == "finite_difference" else None)
 
   def init(params, num_clients, key):
+    factored.choose(config, loss_fn, params, None)  # factored: clients
     return PMAidedState(augfl=augfl.init_state(params, num_clients),
                         transfer=reg_init(key, params))
+
+  def init_from_clients(params, clients, key, partial):
+    if factored.choose(config, loss_fn, params, clients) == "materialised":
+      return init(params, clients.num_clients, key)
+    return PMAidedState(
+        augfl=factored.init_state(loss_fn, params, clients, config.rho,
+                                  partial),
+        transfer=reg_init(key, params))
 
   def round_(state: PMAidedState, clients: ClientData, participants=None):
     reg_grad, transfer, metrics = None, state.transfer, {}
@@ -102,8 +121,9 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
       new = kt_only_step(state.augfl, reg_grad, config, clients)
       metrics["loss"] = metrics.get("kt_r_h", jax.numpy.zeros(()))
     else:
-      new, round_metrics = round_fn(state.augfl, clients, reg_grad,
-                                    participants)
+      run = (factored_round if isinstance(state.augfl, factored.FactoredState)
+             else round_fn)
+      new, round_metrics = run(state.augfl, clients, reg_grad, participants)
       metrics.update(round_metrics)
     return PMAidedState(augfl=new, transfer=transfer), metrics
 
@@ -113,7 +133,7 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
       base.fast_adapt_evaluate(model, strategy, eval_alpha=eval_alpha,
                                eval_steps=eval_steps, params_of=params_of),
       params_of, traceable=not (config.lam > 0 and reg_grad_fn is not None)
-      or getattr(pm, "traceable", True))
+      or getattr(pm, "traceable", True), init_from_clients=init_from_clients)
 
 
 def kt_only(model: nn.Module, config: augfl.AugFLConfig, *,

@@ -60,6 +60,12 @@ class AugFLConfig(fields.Config):
       "the reference)", gt=0)
   uniform_weights: bool = field(False, "w_i = 1/N instead of |D_i| / sum_j "
       "|D_j|")
+  dense_updates: str = field("auto", "per-client quantities of dense "
+      "kernels: factored (low-rank factors, the same arithmetic: "
+      "algorithms/augfl/factored.py), materialised (parameter-sized trees), "
+      "or auto (factored when the kernels worth factoring hold half the "
+      "parameters and the HVP is finite_difference)",
+      choices=("auto", "factored", "materialised"))
 
 
 @flax.struct.dataclass
