@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from augfl_jax.algorithms.augfl import factored
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax import models
 from augfl_jax.algorithms import fedavg
@@ -77,15 +78,31 @@ def make_problem(model_name: str, conv_impl: str, num_clients: int,
                  clients, shape, num_classes)
 
 
-def initial_state(algorithm: str, problem: Problem) -> Any:
+DENSE_UPDATES = ("materialised", "factored")
+
+
+def initial_state(algorithm: str, problem: Problem,
+                  dense_updates: str = "materialised") -> Any:
+  """The round's first state; AugFL's duals materialised or, with
+  ``dense_updates="factored"``, as factors (``augfl.factored``)."""
   if algorithm == "augfl":
+    if dense_updates == "factored":
+      return factored.init_state(problem.loss_fn, problem.params,
+                                 problem.clients)
     return augfl.init_state(problem.params, problem.clients.num_clients)
   return fedavg.init_state(problem.params, jax.random.PRNGKey(1))
 
 
-def make_round_fn(algorithm: str, problem: Problem, strategy: Any) -> Callable:
-  """The library's jitted round for ``algorithm`` under ``strategy``."""
+def make_round_fn(algorithm: str, problem: Problem, strategy: Any,
+                  dense_updates: str = "materialised") -> Callable:
+  """The library's jitted round for ``algorithm`` under ``strategy`` (AugFL:
+  the factored round with ``dense_updates="factored"``)."""
+  if dense_updates not in DENSE_UPDATES:
+    raise ValueError(f"dense_updates must be one of {DENSE_UPDATES}, got "
+                     f"{dense_updates!r}")
   if algorithm == "augfl":
+    if dense_updates == "factored":
+      return factored.make_round(problem.loss_fn, AUGFL_CONFIG, strategy)
     return augfl.make_round(problem.loss_fn, AUGFL_CONFIG, strategy)
   if algorithm == "fedavg":
     return fedavg.make_round(problem.loss_fn, FEDAVG_CONFIG, strategy)

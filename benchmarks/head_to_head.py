@@ -42,6 +42,7 @@ from absl import flags
 import jax
 import numpy as np
 
+from augfl_jax.algorithms.augfl import factored
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax import data, models
 from augfl_jax.core import evaluation, intervals
@@ -66,6 +67,9 @@ def define_flags() -> None:
   flags.DEFINE_float("augfl.alpha", 0.02, "alpha (the authors' launcher's "
                      "0.02)")
   flags.DEFINE_float("augfl.rho", 1.0, "rho (the authors' launcher's 1.0)")
+  flags.DEFINE_enum("augfl.dense_updates", "auto",
+                    ["auto", "factored", "materialised"],
+                    "our round's dense kernels (augfl.factored)")
   flags.DEFINE_list("report_rounds", ["1", "10", "100"],
                     "rounds after which theta is compared")
   flags.DEFINE_integer("eval_every", 10, "score the held-out users every "
@@ -176,10 +180,13 @@ class Runs:
         authors_code.state_dict(torch_model))
     model = models.create_model("authors_fmnist_cnn", self.k)
     loss_fn = models.make_loss_fn(model)
-    self.round_fn = augfl.make_round(loss_fn, augfl.AugFLConfig(
+    config = augfl.AugFLConfig(
         alpha=_flag("augfl.alpha"), rho=_flag("augfl.rho"),
-        lam=_flag("augfl.lam")))
-    self.state = augfl.init_state(params, self.fed.train.num_clients)
+        lam=_flag("augfl.lam"), dense_updates=_flag("augfl.dense_updates"))
+    self.round_fn = factored.make_configured_round(loss_fn, config)
+    start = lambda p: factored.configured_state(config, loss_fn, p,
+                                                self.fed.train)
+    self.state = start(params)
     self.perturbed = None
     if FLAGS.perturb > 0:
       keys = jax.random.split(jax.random.key(FLAGS.seed),
@@ -187,9 +194,8 @@ class Runs:
       leaves = [leaf * (1 + FLAGS.perturb * jax.random.uniform(
           k, leaf.shape, leaf.dtype, -1.0, 1.0)) for k, leaf in zip(
               keys, jax.tree.leaves(params))]
-      self.perturbed = augfl.init_state(
-          jax.tree.unflatten(jax.tree.structure(params), leaves),
-          self.fed.train.num_clients)
+      self.perturbed = start(
+          jax.tree.unflatten(jax.tree.structure(params), leaves))
     clients = authors_code.make_clients(
         code, torch_model, self.x, self.y,
         [(part.support[u], part.query[u]) for u in part.train_clients],
@@ -243,9 +249,9 @@ def head_to_head(code) -> dict:
   runs = Runs(code)
   report = {int(r) for r in FLAGS.report_rounds}
   out = {"flags": {n: FLAGS[n].value for n in (
-      "rounds", "augfl.lam", "augfl.alpha", "augfl.rho", "seed",
-      "eval.test_clients", "pm.epochs", "crd.kt_steps", "crd.nce_k", "onednn",
-      "float64")}, "theta": {}, "heldout": []}
+      "rounds", "augfl.lam", "augfl.alpha", "augfl.rho",
+      "augfl.dense_updates", "seed", "eval.test_clients", "pm.epochs",
+      "crd.kt_steps", "crd.nce_k", "onednn", "float64")}, "theta": {}, "heldout": []}
   for t in range(FLAGS.rounds + 1):
     if t:
       runs.round()

@@ -3,11 +3,16 @@ r"""Per-round cost of AugFL / FedAvg / Per-FedAvg rounds, with references.
   python -m benchmarks.round_cost --clients=10,40,100 --models=cnn \
       --strategies=map,chunked:8,vmap --conv_impls=patches,xla \
       --output=round_cost.json
+  python -m benchmarks.round_cost --dense_updates=materialised,factored
 
-For each cell (algorithm, model, conv_impl, clients C, examples n, strategy):
+For each cell (algorithm, model, conv_impl, clients C, examples n, strategy,
+and AugFL's ``dense_updates``: the dense kernels' per-client quantities
+materialised or as factors, ``augfl.factored``):
 compile time, per-round time after warm-up (median, min, max over
 ``--repeats``), XLA's compiled memory (``memory_analysis()``: arguments,
-outputs, temporaries), the process's peak RSS, and the arithmetic rate: the
+outputs, temporaries), the bytes of the state the round carries
+(``state_bytes``: AugFL's duals, and theta_i when materialised), the
+process's peak RSS, and the arithmetic rate: the
 round's gradient FLOPs (XLA cost analysis of one gradient, times the number
 of gradients; see ``cells.round_flops``) over the median time, against a
 jitted f32 matmul measured in the same run.
@@ -46,6 +51,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
+from augfl_jax.algorithms.augfl import factored
 from augfl_jax.core import client_axis as clients_lib
 from benchmarks import cells
 
@@ -63,6 +69,9 @@ def define_flags() -> None:
   flags.DEFINE_list("strategies", ["map", "chunked:8", "vmap"],
                     "Client strategies: vmap, map, chunked:K, sharded[:INNER].")
   flags.DEFINE_list("conv_impls", ["patches"], "Model conv_impl values.")
+  flags.DEFINE_list("dense_updates", ["materialised"],
+                    f"AugFL's dense_updates, any of {cells.DENSE_UPDATES} "
+                    "(other algorithms: materialised only).")
   flags.DEFINE_list("references", ["python_loop", "torch:1", "torch:2"],
                     "AugFL references: python_loop, torch / torch_vmap "
                     "(PyTorch's per-client loop / torch.func.vmap over "
@@ -152,33 +161,41 @@ def _references(algorithm: str, problem: cells.Problem, names: list[str]
 def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
               examples: int, strategies: list[str], references: list[str],
               repeats: int, warmup: int, peak: float, seed: int = 0,
-              compile_only: bool = False, donate_state: bool = False
+              compile_only: bool = False, donate_state: bool = False,
+              dense_updates: tuple[str, ...] = ("materialised",)
               ) -> list[dict[str, Any]]:
-  """Measures every strategy of one (algorithm, model, impl, C, n) group.
+  """Measures every (strategy, dense_updates) cell of one (algorithm, model,
+  impl, C, n) group.
 
-  Ours (one compiled round per strategy) and the references run round-robin,
-  ``warmup + repeats`` times; returns one result dict per strategy.
+  Ours (one compiled round per cell) and the references run round-robin,
+  ``warmup + repeats`` times; returns one result dict per cell.
   """
   problem = cells.make_problem(model, conv_impl, num_clients, examples, seed)
-  state = cells.initial_state(algorithm, problem)
+  if algorithm != "augfl":
+    dense_updates = ("materialised",)
+  states = {mode: cells.initial_state(algorithm, problem, mode)
+            for mode in dense_updates}
   flops = cells.round_flops(algorithm, problem)
+  keys = [(name, mode) for name in strategies for mode in dense_updates]
   if compile_only:
-    return [_compile_only(algorithm, problem, state, name, conv_impl,
-                          examples, flops, donate_state)
-            for name in strategies]
-  runners: dict[str, Callable[[], Any]] = {}
-  info: dict[str, dict[str, Any]] = {}
-  for name in strategies:
-    strategy = clients_lib.as_strategy(name)
-    round_fn = cells.make_round_fn(algorithm, problem, strategy)
+    return [_compile_only(algorithm, problem, states[mode], name, mode,
+                          conv_impl, examples, flops, donate_state)
+            for name, mode in keys]
+  runners: dict[Any, Callable[[], Any]] = {}
+  info: dict[Any, dict[str, Any]] = {}
+  for name, mode in keys:
+    state = states[mode]
+    round_fn = cells.make_round_fn(algorithm, problem,
+                                   clients_lib.as_strategy(name), mode)
     rss_before = _maxrss_mb()
     start = time.perf_counter()
     compiled = round_fn.lower(state, problem.clients).compile()
-    info[name] = {"compile_s": time.perf_counter() - start,
-                  "xla_memory": _memory(compiled)}
-    runners[name] = (lambda c=compiled: c(state, problem.clients))
-    _sync(runners[name]())  # first execution
-    info[name]["maxrss_delta_mb_first_run"] = _maxrss_mb() - rss_before
+    key = (name, mode)
+    info[key] = {"compile_s": time.perf_counter() - start,
+                 "xla_memory": _memory(compiled)}
+    runners[key] = (lambda c=compiled, s=state: c(s, problem.clients))
+    _sync(runners[key]())  # first execution
+    info[key]["maxrss_delta_mb_first_run"] = _maxrss_mb() - rss_before
   refs = _references(algorithm, problem, references)
   for ref, (run, _) in refs.items():
     runners["ref:" + ref] = run
@@ -191,7 +208,7 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
   diffs = {}
   torch_refs = [r for r in refs if r.split(":")[0] in TORCH_REFERENCES]
   if torch_refs:
-    ours = runners[strategies[0]]()[0].params
+    ours = runners[keys[0]]()[0].params
     for ref in torch_refs:
       run_torch, to_jax = refs[ref]
       theta_torch = to_jax(run_torch())
@@ -201,21 +218,24 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
   diff = diffs[torch_refs[0]] if torch_refs else None
   ref_times = {r: _summary(times["ref:" + r]) for r in refs}
   results = []
-  for name in strategies:
-    t = _summary(times[name])
+  for key in keys:
+    name, mode = key
+    t = _summary(times[key])
     results.append({
         "algorithm": algorithm, "model": model, "conv_impl": conv_impl,
         "num_clients": num_clients, "examples": examples, "strategy": name,
+        "dense_updates": mode,
         "num_params": int(sum(a.size for a in jax.tree.leaves(
             problem.params))),
-        **info[name], "round_s": t, "maxrss_mb": _maxrss_mb(),
+        "state_bytes": factored.state_bytes(states[mode]),
+        **info[key], "round_s": t, "maxrss_mb": _maxrss_mb(),
         "flops_per_round": flops,
         "gflops_per_s": flops / t["median"] / 1e9,
         "fraction_of_peak": flops / t["median"] / 1e9 / peak,
         "references": ref_times,
         "ratios": {r: ref_times[r]["median"] / t["median"] for r in refs},
         "paired_ratios": {r: statistics.median(
-            a / b for a, b in zip(times["ref:" + r], times[name]))
+            a / b for a, b in zip(times["ref:" + r], times[key]))
                           for r in refs},
         "torch_max_abs_diff": diff,
         "reference_max_abs_diff": diffs,
@@ -224,10 +244,10 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
 
 
 def _compile_only(algorithm: str, problem: cells.Problem, state: Any,
-                  name: str, conv_impl: str, examples: int, flops: float,
-                  donate_state: bool) -> dict[str, Any]:
+                  name: str, mode: str, conv_impl: str, examples: int,
+                  flops: float, donate_state: bool) -> dict[str, Any]:
   round_fn = cells.make_round_fn(algorithm, problem,
-                                 clients_lib.as_strategy(name))
+                                 clients_lib.as_strategy(name), mode)
   if donate_state:
     round_fn = jax.jit(round_fn, donate_argnums=0)
   start = time.perf_counter()
@@ -236,9 +256,10 @@ def _compile_only(algorithm: str, problem: cells.Problem, state: Any,
   return {
       "algorithm": algorithm, "model": problem.model_name,
       "conv_impl": conv_impl, "num_clients": problem.clients.num_clients,
-      "examples": examples, "strategy": name, "compile_only": True,
-      "donate_state": donate_state,
+      "examples": examples, "strategy": name, "dense_updates": mode,
+      "compile_only": True, "donate_state": donate_state,
       "num_params": int(sum(a.size for a in jax.tree.leaves(problem.params))),
+      "state_bytes": factored.state_bytes(state),
       "compile_s": time.perf_counter() - start,
       "xla_memory": _memory(compiled), "maxrss_mb": _maxrss_mb(),
       "round_s": {"median": nan, "min": nan, "max": nan, "all": []},
@@ -273,9 +294,9 @@ def format_table(results: list[dict[str, Any]]) -> str:
   """
   refs = sorted({k for r in results for k in r["paired_ratios"]})
   head = (f"{'alg':<10} {'model':<9} {'impl':<7} {'C':>5} {'n':>3} "
-          f"{'strategy':<12} {'compile':>7} {'median':>8} {'min':>8} "
-          f"{'max':>8} {'GF/s':>6} {'%peak':>5} {'xla MB':>7} "
-          f"{'temp MB':>7}" +
+          f"{'strategy':<12} {'dense':<12} {'compile':>7} {'median':>8} "
+          f"{'min':>8} {'max':>8} {'GF/s':>6} {'%peak':>5} {'xla MB':>7} "
+          f"{'temp MB':>7} {'state MB':>8}" +
           "".join(f" {k + '/ours':>14}" for k in refs))
   lines = [head, "-" * len(head)]
   for r in results:
@@ -287,9 +308,11 @@ def format_table(results: list[dict[str, Any]]) -> str:
     lines.append(
         f"{r['algorithm']:<10} {r['model']:<9} {r['conv_impl']:<7} "
         f"{r['num_clients']:>5} {r['examples']:>3} {r['strategy']:<12} "
+        f"{r.get('dense_updates', 'materialised'):<12} "
         f"{r['compile_s']:>7.1f} {t['median']:>8.3f} {t['min']:>8.3f} "
         f"{t['max']:>8.3f} {r['gflops_per_s']:>6.1f} "
-        f"{100 * r['fraction_of_peak']:>5.1f} {mem:>7.0f} {temp:>7.0f}" +
+        f"{100 * r['fraction_of_peak']:>5.1f} {mem:>7.0f} {temp:>7.0f} "
+        f"{r.get('state_bytes', 0) / 2 ** 20:>8.1f}" +
         "".join(f" {ratio(k):>14}" for k in refs))
   return "\n".join(lines)
 
@@ -311,14 +334,16 @@ def run(argv_flags: Any = None) -> dict[str, Any]:
             group = run_group(algorithm, model, conv_impl, num_clients,
                               examples, list(f.strategies), list(refs),
                               f.repeats, f.warmup, peak, f.seed,
-                              f.compile_only, f.donate_state)
+                              f.compile_only, f.donate_state,
+                              tuple(f.dense_updates))
             results.extend(group)
             print(format_table(group), flush=True)
   machine["matmul_peak_gflops_end"] = matmul_peak(f.matmul_size)
   out = {"machine": machine, "flags": {
       k: getattr(f, k) for k in (
           "algorithms", "models", "clients", "examples", "strategies",
-          "conv_impls", "references", "reference_max_clients", "repeats",
+          "conv_impls", "dense_updates", "references",
+          "reference_max_clients", "repeats",
           "warmup", "matmul_size", "seed", "compile_only", "donate_state")},
          "results": results}
   print()

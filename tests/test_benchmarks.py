@@ -27,6 +27,7 @@ class _Flags:
     self.examples = ["4"]
     self.strategies = ["map"]
     self.conv_impls = ["patches"]
+    self.dense_updates = ["materialised", "factored"]
     self.references = references
     self.reference_max_clients = 10
     self.repeats = 2
@@ -51,7 +52,9 @@ def test_round_cost_tiny_grid_writes_json(tmp_path):
     out = json.load(fh)
   assert out["machine"]["matmul_peak_gflops_start"] > 0
   results = out["results"]
-  assert len(results) == 1
+  assert [r["dense_updates"] for r in results] == ["materialised", "factored"]
+  # without theta_i (its kernels too small to factor: the duals alone)
+  assert results[1]["state_bytes"] < results[0]["state_bytes"]
   for r in results:
     for key in ("compile_s", "round_s", "xla_memory", "maxrss_mb",
                 "flops_per_round", "gflops_per_s", "fraction_of_peak",

@@ -48,7 +48,8 @@ from augfl_jax.core import tree
 from augfl_jax.core.types import ClientData, LossFn, Params
 
 __all__ = ["AUTO_MIN_SHARE", "FactoredState", "choose", "client_direction",
-           "factored_layers", "init_state", "make_round", "state_bytes"]
+           "configured_state", "factored_layers", "init_state", "make_round",
+           "make_configured_round", "state_bytes"]
 
 # ``auto`` factors when the kernels that would be factored hold at least
 # this share of the parameters (benchmarks/RESULTS.md, "Dense layers as
@@ -310,3 +311,33 @@ def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
         "client_loss": query_loss}
 
   return tree.checked_round(jax.jit(round_fn), position=3)
+
+
+def configured_state(config: augfl_round.AugFLConfig, loss_fn: LossFn,
+                     params: Params, clients: ClientData,
+                     partial: bool = False
+                     ) -> augfl_round.AugFLState | FactoredState:
+  """The first state, over the training ``clients``, of the round that
+  ``config.dense_updates`` resolves to (:func:`choose`): a
+  :class:`FactoredState` or an ``AugFLState``; ``partial``: rounds will
+  take a subset of the clients."""
+  if choose(config, loss_fn, params, clients) == "factored":
+    return init_state(loss_fn, params, clients, config.rho, partial)
+  return augfl_round.init_state(params, clients.num_examples.shape[0])
+
+
+def make_configured_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
+                          strategy: str | clients_lib.ClientStrategy | None
+                          = None):
+  """``round_fn(state, clients, reg_grad=None, participants=None)`` that runs
+  :func:`make_round` on a :class:`FactoredState` and ``round.make_round`` on
+  an ``AugFLState`` (each compiled when first used)."""
+  materialised = augfl_round.make_round(loss_fn, config, strategy)
+  factored = (make_round(loss_fn, config, strategy)
+              if config.hvp == "finite_difference" else None)
+
+  def round_fn(state, clients, reg_grad=None, participants=None):
+    run = factored if isinstance(state, FactoredState) else materialised
+    return run(state, clients, reg_grad, participants)
+
+  return round_fn

@@ -13,8 +13,8 @@ run's regulariser ``"none"``) is "AugFL w/o PM": no regulariser is needed
 The clients' round is ``round.make_round`` on an ``AugFLState``, or
 ``factored.make_round`` on the ``FactoredState`` that ``start`` (the
 method's ``init_from_clients``) makes when ``config.dense_updates`` resolves
-to ``factored`` (``factored.choose``; ``init``, which has no client data,
-makes a materialised state).
+to ``factored`` (``factored.configured_state``; ``init``, which has no
+client data, makes a materialised state).
 
 Held-out clients: fast adaptation of the meta-model (``augfl_jax.
 evaluation``).
@@ -95,21 +95,17 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
   strategy = clients_lib.as_strategy(strategy)
   reg_init, reg_grad_fn = pm or (lambda key, params: None, None)
   loss_fn = models.make_loss_fn(model)
-  round_fn = augfl.make_round(loss_fn, config, strategy)
-  factored_round = (factored.make_round(loss_fn, config, strategy)
-                    if config.hvp == "finite_difference" else None)
+  round_fn = factored.make_configured_round(loss_fn, config, strategy)
 
   def init(params, num_clients, key):
-    factored.choose(config, loss_fn, params, None)  # factored: clients
+    factored.choose(config, loss_fn, params, None)  # factored: needs clients
     return PMAidedState(augfl=augfl.init_state(params, num_clients),
                         transfer=reg_init(key, params))
 
   def init_from_clients(params, clients, key, partial):
-    if factored.choose(config, loss_fn, params, clients) == "materialised":
-      return init(params, clients.num_clients, key)
     return PMAidedState(
-        augfl=factored.init_state(loss_fn, params, clients, config.rho,
-                                  partial),
+        augfl=factored.configured_state(config, loss_fn, params, clients,
+                                        partial),
         transfer=reg_init(key, params))
 
   def round_(state: PMAidedState, clients: ClientData, participants=None):
@@ -121,9 +117,8 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
       new = kt_only_step(state.augfl, reg_grad, config, clients)
       metrics["loss"] = metrics.get("kt_r_h", jax.numpy.zeros(()))
     else:
-      run = (factored_round if isinstance(state.augfl, factored.FactoredState)
-             else round_fn)
-      new, round_metrics = run(state.augfl, clients, reg_grad, participants)
+      new, round_metrics = round_fn(state.augfl, clients, reg_grad,
+                                    participants)
       metrics.update(round_metrics)
     return PMAidedState(augfl=new, transfer=transfer), metrics
 
