@@ -30,6 +30,9 @@ MODELS = {
     "resnet8x4": ("resnet8x4", (32, 32, 3), 10, {}),
     # the same CNN on digits-sized inputs (8x8x1, 10 classes): 155,626 params
     "cnn_digits": ("cnn", (8, 8, 1), 10, {}),
+    # the cnn with its 3136x512 dense layer cut to 16 units: what a round
+    # costs without that kernel (a bound for factoring it)
+    "cnn_dense16": ("cnn", (28, 28, 1), 26, {"dense": 16}),
     "tiny_cnn": ("cnn", (8, 8, 1), 5, {"widths": (4,), "dense": 8}),
 }
 AUGFL_CONFIG = augfl.AugFLConfig()  # the paper's: alpha 0.03, rho 0.7, lam 0

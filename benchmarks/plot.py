@@ -1,6 +1,12 @@
-r"""Per-round time against the number of clients, one line per strategy.
+r"""Per-round time (or memory) against the number of clients, one line per
+strategy.
 
   python -m benchmarks.plot RESULTS.json [MORE.json ...] --output plot.png
+  python -m benchmarks.plot RESULTS.json --value=memory --output mem.png
+
+With ``--value=memory`` the y axis is XLA's compiled memory of the round
+(arguments, outputs and temporaries: ``xla_memory.peak_bytes``), in MiB;
+lines of AugFL's factored dense updates are labelled ``factored``.
 
 One panel per (algorithm, model, conv_impl, examples); solid lines are our
 strategies (median, with min-max error bars), dashed lines the references
@@ -28,20 +34,33 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
   return results
 
 
-def series(results: list[dict[str, Any]]) -> dict[tuple, dict[str, list]]:
-  """``{panel: {label: [(clients, median, min, max), ...]}}``, sorted by C."""
+def label(result: dict[str, Any]) -> str:
+  """The result's strategy, with ``factored`` for AugFL's factored dense
+  updates."""
+  mode = result.get("dense_updates", "materialised")
+  return result["strategy"] + ("" if mode == "materialised" else f" {mode}")
+
+
+def series(results: list[dict[str, Any]], value: str = "time"
+           ) -> dict[tuple, dict[str, list]]:
+  """``{panel: {label: [(clients, median, min, max), ...]}}``, sorted by C;
+  ``value="memory"``: ``(clients, MiB, MiB, MiB)`` of XLA's peak bytes."""
   panels: dict[tuple, dict[str, dict[int, tuple]]] = collections.defaultdict(
       lambda: collections.defaultdict(dict))
   for r in results:
     panel = (r["algorithm"], r["model"], r["conv_impl"], r["examples"])
+    if value == "memory":
+      mib = r["xla_memory"]["peak_bytes"] / 2 ** 20
+      panels[panel][label(r)][r["num_clients"]] = (mib, mib, mib)
+      continue
     t = r["round_s"]
-    panels[panel][r["strategy"]][r["num_clients"]] = (
+    panels[panel][label(r)][r["num_clients"]] = (
         t["median"], t["min"], t["max"])
     for ref, rt in r.get("references", {}).items():
       panels[panel]["ref " + ref][r["num_clients"]] = (
           rt["median"], rt["min"], rt["max"])
-  return {p: {label: [(c,) + v for c, v in sorted(points.items())]
-              for label, points in lines.items()}
+  return {p: {name: [(c,) + v for c, v in sorted(points.items())]
+              for name, points in lines.items()}
           for p, lines in panels.items()}
 
 
@@ -56,37 +75,41 @@ def loglog_slope(points: list[tuple]) -> float:
           sum((x - mx) ** 2 for x in xs))
 
 
-def summary(results: list[dict[str, Any]]) -> str:
-  """One line per plotted line: its log-log slope and s per client."""
+def summary(results: list[dict[str, Any]], value: str = "time") -> str:
+  """One line per plotted line: its log-log slope and s (or MiB) per
+  client."""
   lines = []
-  for panel, labelled in sorted(series(results).items()):
-    for label, points in sorted(labelled.items()):
-      per_client = ", ".join(f"{p[0]}: {p[1] / p[0] * 1e3:.2f} ms"
+  unit, scale = ("MiB", 1.0) if value == "memory" else ("ms", 1e3)
+  for panel, labelled in sorted(series(results, value).items()):
+    for name, points in sorted(labelled.items()):
+      per_client = ", ".join(f"{p[0]}: {p[1] / p[0] * scale:.2f} {unit}"
                              for p in points)
-      lines.append(f"{'/'.join(map(str, panel))} {label}: slope "
+      lines.append(f"{'/'.join(map(str, panel))} {name}: slope "
                    f"{loglog_slope(points):.3f}; per client {per_client}")
   return "\n".join(lines)
 
 
-def plot(results: list[dict[str, Any]], output: str) -> None:
-  """Draws ``series(results)`` to ``output`` (any matplotlib format)."""
+def plot(results: list[dict[str, Any]], output: str, value: str = "time"
+         ) -> None:
+  """Draws ``series(results, value)`` to ``output`` (any matplotlib
+  format)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  data = series(results)
+  data = series(results, value)
   if not data:
     raise ValueError("no results to plot")
   fig, axes = plt.subplots(1, len(data), figsize=(6 * len(data), 4.5),
                            squeeze=False)
   for ax, (panel, lines) in zip(axes[0], sorted(data.items())):
     lo, hi = float("inf"), 0.0
-    for label, points in sorted(lines.items()):
+    for name, points in sorted(lines.items()):
       c = [p[0] for p in points]
       med = [p[1] for p in points]
       err = [[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]]
-      ax.errorbar(c, med, yerr=err, marker="o", capsize=3, label=label,
-                  linestyle="--" if label.startswith("ref") else "-")
+      ax.errorbar(c, med, yerr=err, marker="o", capsize=3, label=name,
+                  linestyle="--" if name.startswith("ref") else "-")
       lo, hi = min(lo, min(c)), max(hi, max(c))
     if hi > lo:
       first = min(p[1] for pts in lines.values() for p in pts if p[0] == lo)
@@ -95,7 +118,8 @@ def plot(results: list[dict[str, Any]], output: str) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("clients per round")
-    ax.set_ylabel("seconds per round")
+    ax.set_ylabel("XLA memory of a round (MiB)" if value == "memory"
+                  else "seconds per round")
     algorithm, model, impl, examples = panel
     ax.set_title(f"{algorithm}, {model} ({impl}), n={examples}")
     ax.grid(True, which="both", alpha=0.3)
@@ -109,10 +133,12 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("results", nargs="+", help="round_cost JSON files")
   parser.add_argument("--output", default="round_cost.png",
                       help="image path (png, pdf, svg)")
+  parser.add_argument("--value", choices=("time", "memory"), default="time",
+                      help="seconds per round, or XLA's memory of a round")
   args = parser.parse_args(argv)
   results = load(args.results)
-  plot(results, args.output)
-  print(summary(results))
+  plot(results, args.output, args.value)
+  print(summary(results, args.value))
   print(f"wrote {args.output}")
 
 

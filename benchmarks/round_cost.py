@@ -173,7 +173,11 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
   problem = cells.make_problem(model, conv_impl, num_clients, examples, seed)
   if algorithm != "augfl":
     dense_updates = ("materialised",)
-  states = {mode: cells.initial_state(algorithm, problem, mode)
+  # compile_only: the states' shapes only (C = 1,000 materialised duals
+  # and theta_i of the cnn are 13 GB)
+  make = jax.eval_shape if compile_only else (lambda f: f())
+  states = {mode: make(lambda m=mode: cells.initial_state(algorithm, problem,
+                                                          m))
             for mode in dense_updates}
   flops = cells.round_flops(algorithm, problem)
   keys = [(name, mode) for name in strategies for mode in dense_updates]

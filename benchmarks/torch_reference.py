@@ -123,7 +123,7 @@ def resnet_from_jax(params: Any, depth: int = 8,
 
 def from_jax(model_name: str, params: Any) -> tuple[TorchParams, Forward]:
   """``(torch params, forward)`` mirroring ``create_model(model_name, ...)``."""
-  if model_name in ("cnn", "tiny_cnn"):
+  if model_name in ("cnn", "cnn_dense16", "tiny_cnn"):
     return cnn_from_jax(params)
   if model_name == "resnet8x4":
     return resnet_from_jax(params, 8, (32, 64, 128, 256))
@@ -256,7 +256,7 @@ def _param_paths(model_name: str, params: Any) -> list[tuple[tuple, str]]:
                   (prefix + (norm, "scale"), "vec"),
                   (prefix + (norm, "bias"), "vec")])
 
-  if model_name in ("cnn", "tiny_cnn"):
+  if model_name in ("cnn", "cnn_dense16", "tiny_cnn"):
     i = 1
     while f"conv{i}" in params:
       conv_bn((), f"conv{i}", f"norm{i}")

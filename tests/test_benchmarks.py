@@ -53,7 +53,7 @@ def test_round_cost_tiny_grid_writes_json(tmp_path):
   assert out["machine"]["matmul_peak_gflops_start"] > 0
   results = out["results"]
   assert [r["dense_updates"] for r in results] == ["materialised", "factored"]
-  # without theta_i (its kernels too small to factor: the duals alone)
+  # the dual sum alone, against each client's dual and theta_i
   assert results[1]["state_bytes"] < results[0]["state_bytes"]
   for r in results:
     for key in ("compile_s", "round_s", "xla_memory", "maxrss_mb",
@@ -110,6 +110,20 @@ def test_plot_writes_png(tmp_path):
   path = tmp_path / "plot.png"
   plot.plot(results, str(path))
   assert path.read_bytes()[:4] == b"\x89PNG"
+  for r, mib in zip(results, (100, 1000)):
+    r["xla_memory"] = {"peak_bytes": mib * 2 ** 20}
+  factored = [{**r, "dense_updates": "factored",
+               "xla_memory": {"peak_bytes": 2 ** 20 * r["num_clients"]}}
+              for r in results]
+  memory = plot.series(results + factored, "memory")[
+      ("augfl", "cnn", "patches", 15)]
+  assert memory == {"map": [(10, 100.0, 100.0, 100.0),
+                            (100, 1000.0, 1000.0, 1000.0)],
+                    "map factored": [(10, 10.0, 10.0, 10.0),
+                                     (100, 100.0, 100.0, 100.0)]}
+  assert "map factored: slope 1.000; per client 10: 1.00 MiB" in (
+      plot.summary(results + factored, "memory"))
+  plot.plot(results + factored, str(path), "memory")
 
 
 def test_run_defaults_parses_variants_and_pairs_ratios_by_repeat():

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from augfl_jax import algorithms, data, models, transfer
+from augfl_jax.algorithms.augfl import factored
 from augfl_jax.pm import store as pm, pretrain
 from augfl_jax.training import presets
 from augfl_jax.training.config import RunConfig
@@ -160,6 +161,10 @@ def build_algorithm(plan: Plan, fed: data.FederatedData, log: Log,
   log(f"model {name}: {models.num_params(params):,} parameters; algorithm "
       f"{config.algorithm}; {fed.train.num_clients} train / "
       f"{fed.test.num_clients} test clients")
+  if getattr(plan.algorithm_config, "dense_updates", None) == "auto":
+    chosen = factored.choose(plan.algorithm_config, models.make_loss_fn(model),
+                             params, fed.train)
+    log(f"dense updates: {chosen} (auto)")
   algo = algorithms.build(
       config.algorithm, model, plan.algorithm_config, strategy=plan.strategy,
       eval_alpha=config.eval.alpha, eval_steps=config.eval.steps,

@@ -9,10 +9,14 @@ dense_factors``), so
   applied to inputs as low-rank corrections of the shared kernel;
 * ``d_i = r_i - alpha g_i`` is ``U_i^T V_i`` with ``U_i = [A_q; A_+; A_-]``
   and ``V_i = [B_q; -alpha/(2 delta) B_+; alpha/(2 delta) B_-]``;
-* after step 5 ``y_i = -w_i d_i`` (SPEC §2), stored as those factors;
+* after step 5 ``y_i = -w_i d_i`` (SPEC §2): a client's new dual does not
+  depend on its old one;
 * Eq. (13) with every client taking part: ``theta^{t+1} = theta^t -
-  [sum_i (y_i^prev + 2 w_i d_i) + lam grad R_h] / sum_i rho_i``, the dense
-  sums one matmul of the stacked factors (``[r C, d_in]^T [r C, d_out]``).
+  [Y^prev - 2 Y + lam grad R_h] / sum_i rho_i`` with ``Y = sum_i y_i = -sum_i
+  w_i d_i``, for a dense kernel one matmul of the stacked factors (``[r C,
+  d_in]^T [r C, d_out]``). So the state keeps ``Y`` (one tree) and no
+  per-client dual: nothing in it grows with the clients but their round
+  counters.
 
 Which kernels are factored: those whose factors are smaller than the kernel,
 ``r (d_in + d_out) < d_in d_out`` with ``r`` the rows of ``U_i`` (the
@@ -25,7 +29,8 @@ with ``s_j = y_j + rho theta_j = rho theta^{t_j} - y_j^prev + 2 y_j``,
 where ``theta^{t_j}`` is the global model of the round it last took part
 in: one dense tree per client, which no factor replaces. A state made with
 ``init_state(..., partial=True)`` keeps ``terms`` (the ``s_j``, ``[C, ...]``)
-and the server sums them; without it only full participation is allowed.
+and each client's dual (its factored kernels as factors) and the server
+sums the terms; without it only full participation is allowed.
 
 ``DENSE_UPDATES`` and :func:`choose` state when ``auto`` factors.
 """
@@ -64,21 +69,23 @@ class FactoredState:
 
   Attributes:
     params: theta^t.
-    dual_rest: y_i's other leaves, ``[C, ...]`` (params without the
-      factored kernels).
-    dual_factors: ``{layer path: Factors(u [C, r, d_in], v [C, r,
-      d_out])}``, y_i's factored kernels ``u_i^T v_i``.
     client_rounds: ``[C]`` int32, rounds each client has taken part in.
     round: scalar int32, server rounds completed.
-    terms: None (full participation only) or each client's ``y_j + rho
-      theta_j``, ``[C, ...]`` like ``params``.
+    dual_sum: full participation: ``Y = sum_i y_i``, like ``params``
+      (None under partial participation).
+    duals: partial participation: each y_i as ``(rest, factors)``: its
+      other leaves ``[C, ...]`` (params without the factored kernels) and
+      ``{layer path: Factors(u [C, r, d_in], v [C, r, d_out])}``, its
+      factored kernels ``u_i^T v_i`` (None under full participation).
+    terms: partial participation: each client's ``y_j + rho theta_j``,
+      ``[C, ...]`` like ``params`` (None under full participation).
   """
 
   params: Params
-  dual_rest: Any
-  dual_factors: Any
   client_rounds: jax.Array
   round: jax.Array
+  dual_sum: Any = None
+  duals: Any = None
   terms: Any = None
 
 
@@ -143,28 +150,29 @@ def choose(config: augfl_round.AugFLConfig, loss_fn: LossFn, params: Params,
 
 def init_state(loss_fn: LossFn, params: Params, clients: ClientData,
                rho: float = 0.0, partial: bool = False) -> FactoredState:
-  """Zero duals, no rounds taken, the factored kernels sized by one client
-  of ``clients`` (every client has the same padded shapes); with
-  ``partial`` (rounds of a subset of clients), ``terms`` = ``rho
-  theta^0`` for every client (``rho`` > 0 then)."""
-  if partial and not rho > 0:
+  """Zero duals, no rounds taken. Full participation: ``Y = 0``. With
+  ``partial`` (rounds of a subset of clients): each client's dual, its
+  factored kernels sized by one client of ``clients`` (every client has the
+  same padded shapes), and ``terms`` = ``rho theta^0`` (``rho`` > 0 then)."""
+  num = clients.num_examples.shape[0]
+  start = FactoredState(params=params,
+                        client_rounds=jnp.zeros((num,), jnp.int32),
+                        round=jnp.zeros((), jnp.int32))
+  if not partial:
+    return start.replace(dual_sum=optax.tree.zeros_like(params))
+  if not rho > 0:
     raise ValueError(f"a partial-participation state needs rho > 0, got {rho}")
   layers, layers_q = factored_layers(loss_fn, params, *_one(clients))
   rest, kernels = df.split_kernels(params, layers)
-  num = clients.num_examples.shape[0]
   factors = {}
   for p, k in kernels.items():
     rows = _rows(layers_q[p]) + 2 * _rows(layers[p])
     factors[p] = df.Factors(jnp.zeros((num, rows, k.shape[0]), k.dtype),
                             jnp.zeros((num, rows, k.shape[1]), k.dtype))
-  return FactoredState(
-      params=params,
-      dual_rest=tree.broadcast_to_clients(optax.tree.zeros_like(rest), num),
-      dual_factors=factors,
-      client_rounds=jnp.zeros((num,), jnp.int32),
-      round=jnp.zeros((), jnp.int32),
-      terms=(tree.broadcast_to_clients(optax.tree.scale(rho, params), num)
-             if partial else None))
+  return start.replace(
+      duals=(tree.broadcast_to_clients(optax.tree.zeros_like(rest), num),
+             factors),
+      terms=tree.broadcast_to_clients(optax.tree.scale(rho, params), num))
 
 
 def state_bytes(state: Any) -> int:
@@ -268,29 +276,28 @@ def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
         one_client, dict(support=support, query=query, delta=deltas),
         strategy)
     w = weights.astype(dtype)
-    old_rest, old_f = select(state.dual_rest), select(state.dual_factors)
     new_rest = _per_client(d_rest, -w)  # y_i = -w_i d_i
     new_f = {p: df.Factors(f.u, _per_client(f.v, -w)) for p, f in d_f.items()}
+    new_state = state.replace(
+        client_rounds=merge(state.client_rounds, rounds),
+        round=state.round + 1)
     if state.terms is None:
-      # sum_i (y_i^prev + 2 w_i d_i), then
-      # theta^{t+1} = theta^t - [that + lam grad R_h] / (C rho)
-      total_rest = jax.tree.map(
-          lambda y, d: jnp.tensordot(jnp.ones((num,), dtype), y, 1) +
-          jnp.tensordot(2 * w, d, 1), old_rest, d_rest)
-      total_k = {}
-      for p, f in d_f.items():
-        u = jnp.concatenate([old_f[p].u, f.u], axis=1)
-        v = jnp.concatenate([old_f[p].v, _per_client(f.v, 2 * w)], axis=1)
-        total_k[p] = jnp.einsum("cri,cro->io", u, v)
-      total = df.join_kernels(total_rest, total_k)
+      # Y = sum_i y_i; theta^{t+1} = theta^t - [Y^prev - 2 Y + lam grad
+      # R_h] / (C rho)
+      dual_sum = df.join_kernels(
+          tree.weighted_sum(new_rest, jnp.ones((num,), dtype)),
+          {p: jnp.einsum("cri,cro->io", f.u, f.v) for p, f in new_f.items()})
+      total = optax.tree.add_scale(state.dual_sum, -2.0, dual_sum)
       if reg_grad is not None:
         total = optax.tree.add_scale(total, config.lam, reg_grad)
-      params = optax.tree.add_scale(state.params,
-                                    -1.0 / (num * config.rho), total)
-      terms = None
+      new_state = new_state.replace(
+          params=optax.tree.add_scale(state.params,
+                                      -1.0 / (num * config.rho), total),
+          dual_sum=dual_sum)
     else:
       # s_i = rho theta^t - y_i^prev + 2 y_i for the participants; Eq. (13)
       # over every client's latest s_j
+      old_rest, old_f = select(state.duals)
       fresh = jax.tree.map(
           lambda theta, y_old, y_new: config.rho * theta - y_old + 2 * y_new,
           state.params, _dense(old_rest, old_f), _dense(new_rest, new_f))
@@ -298,13 +305,9 @@ def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
       total = tree.weighted_sum(terms, jnp.ones((num,), dtype))
       if reg_grad is not None:
         total = optax.tree.add_scale(total, -config.lam, reg_grad)
-      params = optax.tree.scale(1.0 / (num * config.rho), total)
-    new_state = FactoredState(
-        params=params,
-        dual_rest=merge(state.dual_rest, new_rest),
-        dual_factors=merge(state.dual_factors, new_f),
-        client_rounds=merge(state.client_rounds, rounds),
-        round=state.round + 1, terms=terms)
+      new_state = new_state.replace(
+          params=optax.tree.scale(1.0 / (num * config.rho), total),
+          duals=merge(state.duals, (new_rest, new_f)), terms=terms)
     return new_state, {
         "loss": jnp.sum(w * query_loss) / jnp.sum(w),
         "support_loss": jnp.sum(w * support_loss) / jnp.sum(w),
