@@ -34,6 +34,10 @@ MODELS = {
     # costs without that kernel (a bound for factoring it)
     "cnn_dense16": ("cnn", (28, 28, 1), 26, {"dense": 16}),
     "tiny_cnn": ("cnn", (8, 8, 1), 5, {"widths": (4,), "dense": 8}),
+    # models without convolutions (conv_impl does not apply), for the rule
+    # of AugFL's dense_updates="auto"
+    "mlp": ("mlp", (28, 28, 1), 26, {}),
+    "logreg": ("logreg", (28, 28, 1), 26, {}),
 }
 AUGFL_CONFIG = augfl.AugFLConfig()  # the paper's: alpha 0.03, rho 0.7, lam 0
 FEDAVG_CONFIG = fedavg.FedAvgConfig()  # lr 0.05, 1 epoch, batch 10
@@ -61,8 +65,9 @@ def make_problem(model_name: str, conv_impl: str, num_clients: int,
     raise ValueError(f"unknown benchmark model {model_name!r}; choose one of "
                      f"{sorted(MODELS)}")
   name, shape, num_classes, kwargs = MODELS[model_name]
-  model = models.create_model(name, num_classes, conv_impl=conv_impl,
-                              **kwargs)
+  if name not in ("mlp", "logreg"):
+    kwargs = {**kwargs, "conv_impl": conv_impl}
+  model = models.create_model(name, num_classes, **kwargs)
   params = models.init_params(model, jax.random.PRNGKey(seed), shape)
   rng = np.random.default_rng(seed)
 
