@@ -365,3 +365,20 @@ def test_a_run_with_the_cnn_factors_resumes_and_matches_materialised(
     np.testing.assert_allclose(a["mean_train_loss"], b["mean_train_loss"],
                                rtol=1e-2)
     assert abs(a["accuracy"] - b["accuracy"]) < 0.05
+
+
+def test_a_config_saved_before_dense_updates_reads_as_materialised():
+  """Runs saved before the field existed ran the materialised round: a
+  resume or a reused cell reads them so, and --resume with auto names the
+  field instead of failing to restore the state."""
+  from augfl_jax import training  # pylint: disable=g-import-not-at-top
+  from augfl_jax.core import fields  # pylint: disable=g-import-not-at-top
+  from augfl_jax.training import resume  # pylint: disable=g-import-not-at-top
+  saved = fields.to_dict(training.RunConfig())
+  assert saved["augfl"].pop("dense_updates") == "auto"
+  old = fields.from_dict(training.RunConfig, saved)
+  assert old.augfl.dense_updates == "materialised"
+  assert fields.from_dict(training.RunConfig, {
+      "seed": 3}).augfl.dense_updates == "auto"  # no section: the default
+  with pytest.raises(ValueError, match="augfl.dense_updates"):
+    resume.check_resume_config(old, training.RunConfig(), (), "step_2")

@@ -42,7 +42,8 @@ def field(default: Any = _MISSING, help: str = "", *,  # pylint: disable=redefin
           default_factory: Any = _MISSING, allow_inf: bool = False,
           choices: tuple[str, ...] | None = None, gt: float | None = None,
           ge: float | None = None, lt: float | None = None,
-          le: float | None = None, resume: str = "fixed") -> Any:
+          le: float | None = None, resume: str = "fixed",
+          absent: Any = _MISSING) -> Any:
   """A dataclass field with its help text and its rules next to it.
 
   Args:
@@ -56,11 +57,16 @@ def field(default: Any = _MISSING, help: str = "", *,  # pylint: disable=redefin
       yet resolved, is not checked).
     resume: what a resumed run may do with the field (:data:`RESUME`,
       module docstring).
+    absent: the value that a saved config without the field (written
+      before it existed) stands for, where it differs from the default;
+      :func:`from_dict` reads such a config with it.
   """
   if resume not in RESUME:
     raise ValueError(f"resume must be one of {RESUME}, got {resume!r}")
   metadata = {"help": help, "allow_inf": allow_inf, "choices": choices,
               "gt": gt, "ge": ge, "lt": lt, "le": le, "resume": resume}
+  if absent is not _MISSING:
+    metadata["absent"] = absent
   if default_factory is not _MISSING:
     return dataclasses.field(default_factory=default_factory,
                              metadata=metadata)
@@ -227,18 +233,25 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def from_dict(cls_or_default: Any, values: dict[str, Any]) -> Any:
   """A config from :func:`to_dict`'s dict, on top of ``cls_or_default`` (a
-  default instance or a class); unknown keys raise ``ValueError``."""
+  default instance or a class); unknown keys raise ``ValueError``. A field
+  missing from a section the dict holds takes its ``absent`` value where
+  it has one (the dict was saved before the field existed)."""
   base = (cls_or_default() if isinstance(cls_or_default, type)
           else cls_or_default)
-  flat = {}
+  flat, sections = {}, {""}
   def flatten(d, prefix=""):
     for k, v in d.items():
       if isinstance(v, dict) and dataclasses.is_dataclass(
           get(base, prefix + k)):
+        sections.add(prefix + k + ".")
         flatten(v, prefix + k + ".")
       else:
         flat[prefix + k] = v
   flatten(values)
+  for name, f, _, _ in walk(base):
+    section = name[:name.rfind(".") + 1]
+    if "absent" in f.metadata and name not in flat and section in sections:
+      flat[name] = f.metadata["absent"]
   typed = {}
   for name, value in flat.items():
     owner = get(base, name.rpartition(".")[0]) if "." in name else base

@@ -65,7 +65,8 @@ class AugFLConfig(fields.Config):
       "algorithms/augfl/factored.py), materialised (parameter-sized trees), "
       "or auto (factored when the kernels worth factoring hold half the "
       "parameters and the HVP is finite_difference)",
-      choices=("auto", "factored", "materialised"))
+      choices=("auto", "factored", "materialised"),
+      absent="materialised")  # runs saved before the field were
 
 
 @flax.struct.dataclass
