@@ -30,7 +30,7 @@ PyTorch fit on one GPU together, this command turns JAX's preallocation of
 the environment sets it). Ours and the references are timed round-robin,
 one round each in turn, so load on a shared machine hits all of them alike;
 the table shows reference time / our time per cell. Each PyTorch round's
-theta^{t+1} is compared with ours (``reference_max_abs_diff``;
+theta^{t+1} is compared with each cell's (``reference_max_abs_diff``;
 ``torch_max_abs_diff`` is the first PyTorch reference's).
 """
 
@@ -209,17 +209,16 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
       t = _time(run)
       if i >= warmup:
         times[key].append(t)
-  diffs = {}
+  # each cell's theta^{t+1} against each PyTorch reference's
+  diffs: dict[Any, dict[str, float]] = {key: {} for key in keys}
   torch_refs = [r for r in refs if r.split(":")[0] in TORCH_REFERENCES]
-  if torch_refs:
-    ours = runners[keys[0]]()[0].params
-    for ref in torch_refs:
-      run_torch, to_jax = refs[ref]
-      theta_torch = to_jax(run_torch())
-      diffs[ref] = max(
-          float(jnp.max(jnp.abs(jnp.asarray(a) - b))) for a, b in zip(
-              jax.tree.leaves(theta_torch), jax.tree.leaves(ours)))
-  diff = diffs[torch_refs[0]] if torch_refs else None
+  for ref in torch_refs:
+    run_torch, to_jax = refs[ref]
+    theta_torch = jax.tree.leaves(to_jax(run_torch()))
+    for key in keys:
+      ours = jax.tree.leaves(runners[key]()[0].params)
+      diffs[key][ref] = max(float(jnp.max(jnp.abs(jnp.asarray(a) - b)))
+                            for a, b in zip(theta_torch, ours))
   ref_times = {r: _summary(times["ref:" + r]) for r in refs}
   results = []
   for key in keys:
@@ -241,8 +240,9 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
         "paired_ratios": {r: statistics.median(
             a / b for a, b in zip(times["ref:" + r], times[key]))
                           for r in refs},
-        "torch_max_abs_diff": diff,
-        "reference_max_abs_diff": diffs,
+        "torch_max_abs_diff": (diffs[key][torch_refs[0]] if torch_refs
+                               else None),
+        "reference_max_abs_diff": diffs[key],
     })
   return results
 
