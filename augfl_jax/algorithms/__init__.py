@@ -11,11 +11,15 @@ to its spec; ``register`` adds a method of the user's own::
   algo = spec.build(model, FedAvgConfig(), strategy="vmap",
                     eval_alpha=0.03, eval_steps=1)
   state = algo.init(params, num_clients, key)
+  state = algo.start(params, clients, key)             # sized by the data
   state, metrics = algo.round(state, clients)          # all clients
   state, metrics = algo.round(state, clients, ids)     # only clients ``ids``
   metrics = algo.evaluate(state, test_clients)         # held-out clients
 
 ``build(name, ...)`` does the same with the runner's keyword arguments.
+``start`` is ``init`` for most methods; AugFL's state with factored dense
+kernels (``augfl.factored``) needs the clients' shapes, so runners start
+there.
 
 Evaluation rule (one for every method): a held-out client personalises the
 trained state with its support set by the method's own procedure and is
