@@ -32,7 +32,7 @@ in: one dense tree per client, which no factor replaces. A state made with
 and each client's dual (its factored kernels as factors) and the server
 sums the terms; without it only full participation is allowed.
 
-``DENSE_UPDATES`` and :func:`choose` state when ``auto`` factors.
+``AUTO_MIN_SHARE`` and :func:`choose` state when ``auto`` factors.
 """
 
 from __future__ import annotations
@@ -110,11 +110,6 @@ def factored_layers(loss_fn: LossFn, params: Params, support: Any,
           {p: layers_q.get(p, []) for p in keep})
 
 
-def _one(clients: ClientData) -> tuple[Any, Any]:
-  return (jax.tree.map(lambda a: a[0], clients.support),
-          jax.tree.map(lambda a: a[0], clients.query))
-
-
 def choose(config: augfl_round.AugFLConfig, loss_fn: LossFn, params: Params,
            clients: ClientData | None) -> str:
   """``"factored"`` or ``"materialised"``, as ``config.dense_updates`` says.
@@ -142,7 +137,8 @@ def choose(config: augfl_round.AugFLConfig, loss_fn: LossFn, params: Params,
         "or use factored.init_state(loss_fn, params, clients)")
   if mode == "factored":
     return mode
-  layers, _ = factored_layers(loss_fn, params, *_one(clients))
+  first = tree.take(clients, 0)
+  layers, _ = factored_layers(loss_fn, params, first.support, first.query)
   _, kernels = df.split_kernels(params, layers)
   total = sum(a.size for a in jax.tree.leaves(params))
   share = sum(k.size for k in kernels.values()) / total
@@ -163,7 +159,9 @@ def init_state(loss_fn: LossFn, params: Params, clients: ClientData,
     return start.replace(dual_sum=optax.tree.zeros_like(params))
   if not rho > 0:
     raise ValueError(f"a partial-participation state needs rho > 0, got {rho}")
-  layers, layers_q = factored_layers(loss_fn, params, *_one(clients))
+  first = tree.take(clients, 0)
+  layers, layers_q = factored_layers(loss_fn, params, first.support,
+                                     first.query)
   rest, kernels = df.split_kernels(params, layers)
   factors = {}
   for p, k in kernels.items():
@@ -256,12 +254,11 @@ def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
     select, merge = tree.client_subset(participants)
     num = clients.num_examples.shape[0]
     support, query = select(clients.support), select(clients.query)
-    one_support, one_query = _one(ClientData(support, query,
-                                             clients.num_examples))
-    checks.check_loss_runs(loss_fn, state.params, one_support,
+    first = tree.take(clients, 0)  # every client has the same shapes
+    checks.check_loss_runs(loss_fn, state.params, first.support,
                            "the client's support set")
-    layers, layers_q = factored_layers(loss_fn, state.params, one_support,
-                                       one_query)
+    layers, layers_q = factored_layers(loss_fn, state.params, first.support,
+                                       first.query)
     weights = select(augfl_round.client_weights(clients.num_examples,
                                                 config.uniform_weights))
     rounds = select(state.client_rounds) + 1
