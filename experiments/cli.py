@@ -130,6 +130,33 @@ def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
                       "jax_cache, ~/.cache without XDG_CACHE_HOME)")
 
 
+def define_distributed_flags() -> None:
+  """``--distributed.coordinator``, ``--distributed.num_processes`` and
+  ``--distributed.process_id``: the command as one of the processes of a
+  run across processes or hosts (``training.processes``)."""
+  flags.DEFINE_string(
+      "distributed.coordinator", None, "host:port of process 0, which every "
+      "process of a run across processes reaches (with "
+      "--distributed.num_processes and --distributed.process_id; none of "
+      "the three on a Slurm, Open MPI or Cloud TPU cluster, which "
+      "jax.distributed detects)")
+  flags.DEFINE_integer("distributed.num_processes", None, "how many "
+                       "processes run the command together, one per host "
+                       "or several on one", lower_bound=1)
+  flags.DEFINE_integer("distributed.process_id", None, "this process's "
+                       "index, 0 .. num_processes - 1; process 0 writes "
+                       "the run's files and console", lower_bound=0)
+
+
+def start_processes() -> bool:
+  """``training.processes.initialize`` from the ``--distributed.*`` flags,
+  before any JAX computation; whether the run spans several processes."""
+  return training.processes.initialize(
+      FLAGS["distributed.coordinator"].value,
+      FLAGS["distributed.num_processes"].value,
+      FLAGS["distributed.process_id"].value)
+
+
 def config_from_flags(flag_values: flags.FlagValues = FLAGS
                      ) -> training.RunConfig:
   """The ``RunConfig`` the flags describe (not yet resolved); a field
@@ -304,19 +331,21 @@ USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, OSError,
                data.DatasetUnavailableError)
 
 
-def run_command(body: Callable[[], Any]) -> Any:
+def run_command(body: Callable[[], Any],
+                on_error: Callable[[str], str] | None = None) -> Any:
   """``body()``; a user error ends the process as one line on stderr with
-  exit code 2 instead of a traceback."""
+  exit code 2 instead of a traceback (``on_error`` takes the line first
+  and returns the one printed)."""
   try:
     return body()
   except fields.FieldError as e:  # a field of the run's configuration
-    print(f"error: {fields.FieldError(f'--{e.name}', e.rule)}",
-          file=sys.stderr)
-    sys.exit(2)
+    message = str(fields.FieldError(f'--{e.name}', e.rule))
   except USER_ERRORS as e:
     message = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+  if on_error is not None:
+    message = on_error(message)
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
 
 
 # Flags of the names before RunConfig had sections (the run's and

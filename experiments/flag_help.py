@@ -27,6 +27,8 @@ COMMON = ("dataset", "algorithm", "rounds", "seed", "output_dir")
 RUN_CONTROL = ("output_dir", "checkpoint_every", "resume", "overwrite",
                "resume_changes", "compilation_cache", "compilation_cache_dir",
                "imports")
+DISTRIBUTED = ("distributed.coordinator", "distributed.num_processes",
+               "distributed.process_id")
 HELP_SHORT = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 HELP_FULL = ("--helpfull", "-helpfull")
 WIDTH = 80
@@ -93,10 +95,11 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False
                   for f in dataclasses.fields(config)}
   out = [
       (f"the flags of {command}", sorted(
-          ours - set(names) - set(RUN_CONTROL))),
+          ours - set(names) - set(RUN_CONTROL) - set(DISTRIBUTED))),
       ("common flags", list(COMMON)),
       ("other run flags", [n for n in sections[""] if n not in COMMON]),
       ("run control", [n for n in RUN_CONTROL if n not in COMMON]),
+      ("across processes or hosts (README)", list(DISTRIBUTED)),
   ]
   for head, members in sections.items():
     if not head:

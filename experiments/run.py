@@ -52,16 +52,19 @@ if __name__ == "__main__":
     signal.signal(_signum, _stopped_while_starting)
 
 import shlex  # pylint: disable=g-import-not-at-top,wrong-import-position
+import traceback  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from augfl_jax.training import processes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = run_flags.FLAGS
 run_flags.define_config_flags()
 run_flags.define_run_control_flags()
+run_flags.define_distributed_flags()
 flags.adopt_module_key_flags(run_flags)  # --help lists them
 
 
@@ -82,15 +85,39 @@ def _log(line: str) -> None:
   print(line, flush=True)
 
 
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   run_flags.start_command()
+  if not run_flags.run_command(run_flags.start_processes):
+    _main()
+    return
+  processes.hint = f"resume with: {resume_command(sys.argv)}"
+  # One of several processes: a process that ends tells the others why
+  # (they stop within seconds, saying so), and ends at once, not in
+  # jax.distributed's wait for the processes that stopped.
+  try:
+    _main()
+  except BaseException as e:  # pylint: disable=broad-except
+    code = e.code if isinstance(e, SystemExit) else 1
+    if not isinstance(e, SystemExit):
+      processes.ending(_first_line(e))
+      traceback.print_exc()
+    processes.announce_stop(f"it ended with exit code {code}")
+    processes.leave(code if isinstance(code, int) else 1)
+  processes.finished()
 
+
+def _main():
   def body():
     plan = training.prepare(run_flags.config_from_flags())
     warning = run_flags.unread_flags_warning(plan)
-    if warning:
+    if warning and processes.is_writer():
       print(warning, file=sys.stderr, flush=True)
     return training.run(
         plan, FLAGS.output_dir or run_flags.default_output_dir(plan.config),
@@ -100,9 +127,10 @@ def main(argv):
 
   try:
     with training.StopSignals() as stop:  # a signal before the run's own
-      run_flags.run_command(body)
+      run_flags.run_command(body, on_error=processes.ending)
       late = stop.take()  # it came in the last round: the run finished
   except training.RunInterrupted as e:
+    processes.announce_stop(f"interrupted ({_first_line(e)})")
     if e.checkpoint is None:  # nothing saved: the same command starts it
       print(f"interrupted: {e}\nstart it again with: "
             f"{resume_command(sys.argv, resume=False)}", file=sys.stderr)

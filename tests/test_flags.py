@@ -108,7 +108,8 @@ def test_run_help_groups_every_flag_once_common_first_and_exits_0():
   assert described[:5] == list(flag_help.COMMON)
   config_names = [n for n, *_ in fields.walk(training.RunConfig())]
   assert sorted(described) == sorted(config_names +
-                                     list(flag_help.RUN_CONTROL))
+                                     list(flag_help.RUN_CONTROL) +
+                                     list(flag_help.DISTRIBUTED))
   # A flag without a default value states its default in its help, as
   # --output_dir does, the same as the docstring and default_output_dir.
   assert "(default: None)" not in text

@@ -51,8 +51,8 @@ from augfl_jax.core.client_axis import (
     ClientStrategy, as_strategy, client_mesh, client_sharding)
 
 __all__ = [
-    "local_client_range", "replicate", "replicated_sharding", "shard_clients",
-    "shard_local_clients"
+    "local_client_range", "replicate", "replicate_beside",
+    "replicated_sharding", "shard_clients", "shard_local_clients"
 ]
 
 
@@ -70,6 +70,33 @@ def replicate(tree: Any, strategy: str | ClientStrategy) -> Any:
       lambda leaf: jax.make_array_from_callback(
           np.shape(leaf), sharding, lambda idx, a=np.asarray(leaf): a[idx]),
       tree)
+
+
+def replicate_beside(tree: Any, args: Any) -> Any:
+  """The arrays of ``tree`` that sit on one device (a PM's weights, the
+  server split a round closes over) replicated on every device of the mesh
+  that ``args``' global arrays span, so that one jitted program takes them
+  all (in one process or across processes); ``tree`` unchanged when no
+  argument spans several devices."""
+  mesh = next((a.sharding.mesh for a in jax.tree.leaves(args)
+               if isinstance(a, jax.Array)
+               and isinstance(a.sharding, NamedSharding)
+               and len(a.sharding.device_set) > 1), None)
+  if mesh is None:
+    return tree
+  sharding = NamedSharding(mesh, PartitionSpec())
+
+  def put(leaf):
+    if (not isinstance(leaf, jax.Array) or
+        len(leaf.sharding.device_set) > 1):
+      return leaf
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      return jax.random.wrap_key_data(put(jax.random.key_data(leaf)),
+                                      impl=jax.random.key_impl(leaf))
+    host = np.asarray(leaf)
+    return jax.make_array_from_callback(host.shape, sharding,
+                                        lambda idx: host[idx])
+  return jax.tree.map(put, tree)
 
 
 def _check_divisible(num: int, strategy: ClientStrategy) -> int:

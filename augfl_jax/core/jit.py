@@ -4,7 +4,10 @@ A round or a regulariser closes over megabytes of arrays (the server
 split, a PM's weights). ``jax.jit`` would bake them into the compiled
 program as constants; :func:`hoist` traces the function once and hands
 them back as arguments instead, and :func:`hoisted_jit` compiles such a
-function, traced once per structure and shapes of its arguments.
+function, traced once per structure and shapes of its arguments (when
+the arguments span several devices, as a sharded round's state does, the
+arrays are replicated on those devices once:
+``distributed.replicate_beside``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+
+from augfl_jax.core import distributed
 
 __all__ = ["hoist", "hoisted_jit"]
 
@@ -56,7 +61,8 @@ def hoisted_jit(fn: Callable[..., Any], *, donate_first: bool = False
           f"hoisted_{getattr(fn, '__name__', 'fn')}")
 
       compiled[key] = (jax.jit(hoisted, donate_argnums=(0,) if donate_first
-                               else ()), consts)
+                               else ()),
+                       distributed.replicate_beside(consts, args))
     run, consts = compiled[key]
     return run(args[0], args[1:], consts)
 

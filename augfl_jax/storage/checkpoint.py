@@ -75,25 +75,43 @@ class DamagedCheckpointError(ValueError):
   was saved (a checksum mismatch: a flipped bit, an edited value)."""
 
 
+def _local_bytes(leaf: Any) -> bytes:
+  """The bytes of ``leaf`` that this process holds: all of them, except
+  for a global array split over several processes (``jax.distributed``),
+  whose own rows (its addressable shards, in index order) they are."""
+  if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
+      leaf.dtype, jax.dtypes.prng_key):
+    leaf = jax.random.key_data(leaf)
+  if (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+      and not leaf.is_fully_replicated):
+    shards = {tuple(s.indices(n)[:2] for s, n in zip(shard.index,
+                                                      leaf.shape)): shard
+              for shard in leaf.addressable_shards}
+    return b"".join(np.ascontiguousarray(shards[k].data).tobytes()
+                    for k in sorted(shards))
+  if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+    leaf = leaf.addressable_data(0)
+  return np.ascontiguousarray(jax.device_get(leaf)).tobytes()
+
+
 def checksums(tree: Any) -> dict[str, int]:
-  """``{leaf path: CRC-32 of its bytes}`` (typed PRNG keys by their data)."""
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
-        leaf.dtype, jax.dtypes.prng_key):
-      leaf = jax.random.key_data(leaf)
-    out[jax.tree_util.keystr(path)] = zlib.crc32(
-        np.ascontiguousarray(jax.device_get(leaf)).tobytes())
-  return out
+  """``{leaf path: CRC-32 of its bytes}`` (typed PRNG keys by their data);
+  for a global array split over processes, of this process's rows."""
+  return {jax.tree_util.keystr(path): zlib.crc32(_local_bytes(leaf))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def check_checksums(tree: Any, saved: Mapping[str, int], where: str) -> None:
+def check_checksums(tree: Any, saved: Mapping[str, int | list[int]],
+                    where: str, process: int = 0) -> None:
   """Raises :class:`DamagedCheckpointError` naming the leaves of ``tree``
-  whose :func:`checksums` differ from ``saved``."""
+  whose :func:`checksums` differ from ``saved``. A list in ``saved`` holds
+  one checksum per process of a run across processes; ``process``'s is
+  compared."""
   # Attribute keys as dict keys: restored without ``like``, a custom node
   # (a flax dataclass) comes back as a dict of its fields.
   normal = lambda k: re.sub(r"\.(\w+)", r"['\1']", k)
-  saved = {normal(k): v for k, v in saved.items()}
+  saved = {normal(k): v[process] if isinstance(v, list) else v
+           for k, v in saved.items()}
   bad = [k for k, v in checksums(tree).items() if saved.get(normal(k)) != v]
   if bad:
     raise DamagedCheckpointError(
@@ -221,7 +239,7 @@ def restore_metadata(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def restore_target(like: Any) -> Any:
-  """``like`` as an orbax restore target on this process's default device.
+  """``like`` as an orbax restore target on this process's first device.
 
   Orbax restores a ``jax.ShapeDtypeStruct`` leaf with no sharding onto the
   devices it was saved from, and refuses ("Topology mismatch detected") where
@@ -229,7 +247,7 @@ def restore_target(like: Any) -> Any:
   way. Such leaves get the default device's sharding; leaves with a
   sharding, arrays, numpy arrays and Python scalars are left as they are.
   """
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
   def leaf(x):
     if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None:

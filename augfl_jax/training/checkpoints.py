@@ -21,6 +21,11 @@ may look at a run's steps without holding its lock; only the run that holds
 the lock removes what its unfinished saves left
 (:meth:`RunCheckpoints.remove_unfinished_saves`).
 
+Across processes (``training.processes``) every process saves and restores
+its own part of the state (orbax's multi-process saving, process 0 writing
+``meta``), the checksums are one per process, a step is damaged when any
+process's part is, and process 0 alone removes or renames directories.
+
 A save that fails (a full disk, a file system gone read-only) raises
 :class:`CheckpointError` in one line, at the next save, :meth:`wait` or
 :meth:`close`: orbax saves in the background.
@@ -34,11 +39,13 @@ import sys
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from augfl_jax.storage.checkpoint import (DamagedCheckpointError,
                                           check_checksums, check_seal,
                                           checksums, restore_target, seal)
+from augfl_jax.training import processes
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
 
@@ -84,6 +91,15 @@ def _check_round(step: int, meta: dict[str, Any]) -> None:
         f"directory step_{step} was renamed or copied from another step")
 
 
+def _every_process(sums: dict[str, int]) -> dict[str, int | list[int]]:
+  """``sums`` (this process's :func:`checksums`) in one process; across
+  processes, ``{leaf path: [checksum of process 0's part, ...]}``."""
+  if processes.count() == 1:
+    return sums
+  every = processes.gather(np.array(list(sums.values()), np.uint32))
+  return {k: [int(v) for v in every[:, i]] for i, k in enumerate(sums)}
+
+
 class RunCheckpoints:
   """The checkpoints under ``directory`` (module docstring).
 
@@ -113,11 +129,12 @@ class RunCheckpoints:
     save of the new run and remove its files. Only the holder of the run
     directory's lock may call it: another process's save in flight is such
     a directory too."""
-    if not os.path.isdir(self.directory):
-      return
-    for name in os.listdir(self.directory):
-      if ".orbax-checkpoint-tmp" in name:
-        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    if processes.is_writer() and os.path.isdir(self.directory):
+      for name in os.listdir(self.directory):
+        if ".orbax-checkpoint-tmp" in name:
+          shutil.rmtree(os.path.join(self.directory, name),
+                        ignore_errors=True)
+    processes.sync("unfinished saves removed")
 
   def reload(self) -> None:
     """Reads the steps on disk again (after the directory was cleared by
@@ -141,7 +158,9 @@ class RunCheckpoints:
     """
     # A copy taken now: the save runs in the background, and the caller may
     # change what ``meta`` holds (the loop appends to its pending losses).
-    meta = seal({**meta, "checksums": checksums(state)})
+    meta = seal({**meta, "checksums": _every_process(checksums(state)),
+                 **({"processes": processes.count()}
+                    if processes.count() > 1 else {})})
     try:
       os.makedirs(self.directory, exist_ok=True)
       self._manager.save(step, args=ocp.args.Composite(
@@ -227,11 +246,18 @@ class RunCheckpoints:
               "of its metadata (an older version): its records are not "
               "verified")
         _check_round(step, meta)
-        check_checksums(state, meta.get("checksums", {}), f"step {step}")
+        check_checksums(state, meta.get("checksums", {}), f"step {step}",
+                        processes.index())
+        error = None
       except Exception as e:  # pylint: disable=broad-except
-        problems.append(f"step {step}: {_reason(e)}")
+        error = e
+      # Across processes, a step damaged in any process's part is damaged.
+      if processes.agree(error is not None):
+        reason = (_reason(error) if error is not None else
+                  "another process's part of it is damaged")
+        problems.append(f"step {step}: {reason}")
         damaged.append(step)
-        self._report(step, _reason(e), log)
+        self._report(step, reason, log)
         continue
       for bad_step in damaged:
         self._set_aside(bad_step, log)
@@ -253,9 +279,11 @@ class RunCheckpoints:
     """Renames damaged ``step_<n>`` to ``step_<n>.damaged`` (replacing an
     older such copy): kept to look at, out of the way of a new save."""
     path, aside = self.path(step), self.path(step) + ".damaged"
-    if os.path.isdir(aside):
-      shutil.rmtree(aside)
-    os.rename(path, aside)
+    if processes.is_writer():
+      if os.path.isdir(aside):
+        shutil.rmtree(aside)
+      os.rename(path, aside)
+    processes.sync(f"set aside {path}")
     self._manager.reload()
     log(f"kept the damaged checkpoint as {aside}, out of the way: round "
         f"{step} is saved again when the run gets there")

@@ -194,8 +194,13 @@ class RunConfig(fields.Config):
                     "run")
   strategy: str = field(
       AUTO, "how the client axis runs: auto (the backend's measured choice: "
-      "map on CPU, vmap on GPU/TPU), vmap, map, chunked or sharded",
-      choices=(AUTO,) + client_axis.STRATEGIES, resume="free")
+      "map on CPU, vmap on GPU/TPU), vmap, map, chunked or sharded (over "
+      "all devices, vmap on each; sharded:map, sharded:chunked: map or "
+      "chunks on each); across processes, the run shards the client axis "
+      "over all devices and runs this strategy on each",
+      choices=(AUTO,) + client_axis.STRATEGIES + tuple(
+          f"sharded:{inner}" for inner in client_axis.INNER_STRATEGIES),
+      resume="free")
   chunk_size: int = field(0, "clients per chunk for --strategy=chunked",
                           ge=0, resume="free")
   data: DataConfig = field(default_factory=DataConfig,

@@ -35,13 +35,18 @@ class EventWriter:
   """Scalars to ``logdir`` (one ``events.out.tfevents.*`` file per session).
 
   Args:
-    logdir: the directory of the event files (created if missing).
+    logdir: the directory of the event files (created if missing); None:
+      write nothing (a process of a run across processes other than the
+      writer).
     resume_from: the first round this session writes when it continues a
       run (older events of that round and later are discarded by
       TensorBoard); ``None`` for a fresh run.
   """
 
-  def __init__(self, logdir: str, resume_from: int | None = None):
+  def __init__(self, logdir: str | None, resume_from: int | None = None):
+    self._file = None
+    if logdir is None:
+      return
     # pylint: disable=g-import-not-at-top
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -63,6 +68,8 @@ class EventWriter:
 
   def _add(self, event) -> None:
     """Frames ``event`` and writes it in one call."""
+    if self._file is None:
+      return
     self._frame.seek(0)
     self._frame.truncate()
     self._records.write(event.SerializeToString())
@@ -73,6 +80,8 @@ class EventWriter:
   def scalars(self, values: dict[str, float], step: int,
               prefix: str = "") -> None:
     """One event holding ``prefix + name`` scalars at ``step``."""
+    if self._file is None:
+      return
     summary = self._summary.Summary(value=[
         self._summary.Summary.Value(tag=prefix + name,
                                     simple_value=float(value))
@@ -83,10 +92,12 @@ class EventWriter:
   def flush(self) -> None:
     """Everything added so far is in the file (the OS's buffers): each
     event was written unbuffered when it was added."""
-    self._file.flush()
+    if self._file is not None:
+      self._file.flush()
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
 
   def __enter__(self):
     return self

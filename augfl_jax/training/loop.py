@@ -26,19 +26,23 @@ give the same state bit for bit (same device, strategy and conv_impl).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from typing import Any, Callable, Sequence
+
+import jax
 
 from augfl_jax import data
 from augfl_jax.core.progress import counted
 from augfl_jax.pm import pretrain
 from augfl_jax.storage import checkpoint
 from augfl_jax.training import resume as resuming
-from augfl_jax.training import rounds, scoring, wiring
+from augfl_jax.training import processes, rounds, scoring, wiring
 from augfl_jax.training.checkpoints import RunCheckpoints
 from augfl_jax.training.config import RunConfig
-from augfl_jax.training.outputs import OutputDir, OutputDirError
+from augfl_jax.training.outputs import (OutputDir, OutputDirError,
+                                       PeerOutputDir)
 from augfl_jax.training.plan import Plan, prepare
 from augfl_jax.training.rounds import sample_participants
 from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
@@ -94,10 +98,17 @@ def run(config: RunConfig | Plan, output_dir: str,
   resume_changes = tuple(resume_changes)
   resuming.check_run_control(config, checkpoint_every, resume, overwrite,
                      resume_changes)
-  out = OutputDir(output_dir)
+  if processes.count() > 1:  # process 0 writes; all run the client axis
+    plan = dataclasses.replace(
+        plan, strategy=processes.run_strategy(plan.strategy))
+    if not processes.is_writer():
+      log = lambda line: None
+    log(f"client axis: {processes.describe(plan.strategy)}")
+  out = (OutputDir if processes.is_writer() else PeerOutputDir)(output_dir)
   created = not os.path.exists(output_dir)
   out.check_writable()
   with out.lock(remove_if_unused=created), StopSignals() as stop:
+    processes.sync("the run directory is locked")
     return _run_locked(plan, out, log, checkpoint_every, resume,
                        overwrite, resume_changes, transform_data, stop)
 
@@ -146,6 +157,12 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
   if config.clients_per_round > num_clients:  # before anything compiles
     raise ValueError(f"--clients_per_round={config.clients_per_round} is "
                      f"more than the {num_clients} training clients")
+  if processes.count() > 1 and num_clients % jax.device_count():
+    raise ValueError(
+        f"the {num_clients} training clients cannot be split evenly over "
+        f"the {jax.device_count()} devices of the {processes.count()} "
+        "processes; choose --data.num_clients or the devices per process "
+        "so that they divide the training clients")
   digest = resuming.data_digest(fed)
   if resumed_from is not None:  # before the PM and the algorithm are built
     resuming.check_data(checkpoints.read_meta(resumed_from), digest,
@@ -162,9 +179,11 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
         f"{signal.Signals(stop.signum).name} during PM pretraining ({e}): "
         "this run saved no PM and trained no round", stop.signum,
         start_round, kept) from None
-  state = rounds.committed(algo.start(
+  state = rounds.committed(processes.place_state(algo.start(
       params, fed.train, plan.keys()[1],
-      partial=rounds.partial(config.clients_per_round, num_clients)))
+      partial=rounds.partial(config.clients_per_round, num_clients)),
+                                                 num_clients, plan.strategy))
+  train = processes.place_clients(fed.train, plan.strategy)
   if stop.signum is not None:
     pm_kept = (f"; the PM it pretrained is saved in {config.pm.dir} and is "
                "reused" if new_pm and checkpoint.exists(config.pm.dir)
@@ -177,7 +196,7 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
       config, out, checkpoints, state, resume_changes, log)
   return rounds.RoundLoop(
       rounds.LoopConfig.of(config, checkpoint_every), out, checkpoints,
-      algo, fed.train, scoring.Scorers.of(algo.evaluate, fed),
+      algo, train, scoring.Scorers.of(algo.evaluate, fed),
       lambda r: sample_participants(config.seed, r, num_clients,
                                     config.clients_per_round),
       log, stop, description, digest).run(state, resumed, start_round)

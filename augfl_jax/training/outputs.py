@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterator
 
 from augfl_jax.storage import locks
 
-__all__ = ["OWN_FILES", "OutputDir", "OutputDirError", "write_json_atomic"]
+__all__ = ["OWN_FILES", "OutputDir", "OutputDirError", "PeerOutputDir",
+           "write_json_atomic"]
 
 # What a run writes (``tb/``: TensorBoard events).
 OWN_FILES = ("config.json", "partition.txt", "metrics.jsonl", "summary.json",
@@ -85,6 +86,8 @@ def write_json_atomic(path: str, obj: Any) -> None:
 
 class OutputDir:
   """The directory a run writes to (see the module docstring)."""
+
+  writes = True  # False: :class:`PeerOutputDir`
 
   def __init__(self, path: str):
     self.path = path
@@ -248,3 +251,35 @@ class OutputDir:
     """Rewrites a ``.jsonl`` file atomically."""
     write_text_atomic(self.file(name),
                       "".join(self.record_line(r) for r in records))
+
+
+class PeerOutputDir(OutputDir):
+  """The run directory as a process other than the writer of a run across
+  processes sees it (``training.processes``): it reads the directory as
+  :class:`OutputDir` does, and takes no lock and writes nothing, since
+  process 0 holds the lock and writes every file."""
+
+  writes = False
+
+  def check_writable(self) -> None:
+    pass
+
+  @contextlib.contextmanager
+  def lock(self, remove_if_unused: bool = False) -> Iterator[None]:
+    del remove_if_unused
+    yield
+
+  def claim(self) -> None:
+    pass
+
+  def clear_own(self) -> None:
+    pass
+
+  def write_json(self, name: str, obj: Any) -> None:
+    pass
+
+  def write_text(self, name: str, text: str) -> None:
+    pass
+
+  def write_records(self, name: str, records: list[dict[str, Any]]) -> None:
+    pass

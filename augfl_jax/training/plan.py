@@ -109,8 +109,9 @@ def prepare(config: RunConfig) -> Plan:
         config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
   unread = unread_sections(config)
   feasibility.check(config, unread)
-  strategy = client_axis.ClientStrategy(config.strategy,
-                                        config.chunk_size or None)
+  name, _, inner = config.strategy.partition(":")
+  strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
+                                        inner=inner or "vmap")
   location = data.locate(config.dataset, config.data.data_dir)
   if config.eval.test_split == "on":
     try:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Sequence
 
 from augfl_jax import data
 from augfl_jax.core import fields, tree
+from augfl_jax.training import processes
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import RunConfig, pm_role, resumable_fields
 from augfl_jax.training.config import resume_changes as resume_changes_of
@@ -136,6 +137,14 @@ def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
       raise ValueError(f"--resume: no checkpoint in {checkpoints.directory};"
                        " run without --resume to start the run (again)")
     step, meta = checkpoints.latest_meta(log)
+    saved_processes = meta.get("processes", 1)
+    if saved_processes != processes.count():
+      raise ValueError(
+          f"--resume: {checkpoints.path(step)} was saved by a run of "
+          f"{saved_processes} process{'es' if saved_processes > 1 else ''}"
+          f" and this one has {processes.count()}; resume it with "
+          f"--distributed.num_processes={saved_processes} (each process "
+          "holds its own part of the state)")
     check_resume_config(fields.from_dict(type(config), meta["config"]),
                         config, resume_changes, f"{checkpoints.path(step)}")
     if step > config.rounds:

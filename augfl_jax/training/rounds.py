@@ -23,6 +23,7 @@ import numpy as np
 
 from augfl_jax.core import fields, tree
 from augfl_jax.core.progress import Progress, counted
+from augfl_jax.training import processes
 from augfl_jax.training import resume as resuming
 from augfl_jax.training import scoring
 from augfl_jax.training.checkpoints import CheckpointError
@@ -168,6 +169,7 @@ class RoundLoop:
       out.claim()  # a run of an older version claims changes.jsonl too
     else:
       out.clear_own()
+      processes.sync("the run's old files are removed")
       self.checkpoints.reload()  # --overwrite removed the old steps
       out.claim()
     self.done = start_round
@@ -183,9 +185,14 @@ class RoundLoop:
     progress = Progress(loop.rounds, done=start_round)
     self.saved_round = None if resumed is None else start_round
     first_round_seconds, last_line = None, 0.0
-    self.events = EventWriter(out.file("tb"), None if resumed is None
-                              else start_round + 1)
-    with self.events, open(out.file("metrics.jsonl"), "a") as metrics_file:
+    self.events = EventWriter(out.file("tb") if out.writes else None,
+                              None if resumed is None else start_round + 1)
+    # Across processes, the split state keeps its layout from round to
+    # round (a checkpoint is restored into the layout it was saved from).
+    layout = (jax.tree.map(lambda a: a.sharding, state)
+              if processes.count() > 1 else None)
+    with self.events, open(out.file("metrics.jsonl") if out.writes
+                           else os.devnull, "a") as metrics_file:
       if (self.train_losses and (start_round % loop.eval_every == 0 or
                                  start_round == loop.rounds) and
           all(h["round"] != start_round for h in self.history)):
@@ -201,10 +208,14 @@ class RoundLoop:
         ids = self.participants(r)
         tree.check_participants(ids, self.num_clients)
         state, metrics, ok, flags = step(state, self.clients, ids)
+        if layout is not None:
+          state = jax.device_put(state, layout)
         if not bool(ok):
           self._stop_nonfinite(r - 1, state, f"round {r}: non-finite "
-                               + describe(flags, ids, metrics), loop.lower)
-        values = scoring.scalars(jax.device_get(metrics))
+                               + describe(processes.to_host(flags), ids,
+                                          processes.to_host(metrics)),
+                               loop.lower)
+        values = scoring.scalars(processes.to_host(metrics))
         loss = values["loss"]
         if first_round_seconds is None:
           first_round_seconds = time.perf_counter() - t0
@@ -226,15 +237,20 @@ class RoundLoop:
           last_line = time.perf_counter()
         if (loop.checkpoint_every and r % loop.checkpoint_every == 0 or
             r == loop.rounds):
-          os.fsync(metrics_file.fileno())
+          if out.writes:
+            os.fsync(metrics_file.fileno())
           self._save(r, state)
           self.saved_round = r
-        if self.stop.signum is not None and r < loop.rounds:
+        # Across processes, a signal to any of them stops all after round r.
+        signum = processes.agree(self.stop.signum or 0) or None
+        if signum is not None and r < loop.rounds:
           path = self._saved(r, state)
           raise RunInterrupted(
-              f"{signal.Signals(self.stop.signum).name} after round {r}/"
-              f"{loop.rounds}: the run state is saved in {path}, where a "
-              "resumed run continues", self.stop.signum, r, path)
+              f"{signal.Signals(signum).name} after round {r}/"
+              f"{loop.rounds}" + ("" if self.stop.signum else
+                                  " (received by another process)")
+              + f": the run state is saved in {path}, where a resumed run "
+              "continues", signum, r, path)
     self.checkpoints.wait()
     return self._finish(start_round, first_round_seconds)
 

@@ -18,10 +18,10 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-import jax
 import numpy as np
 
 from augfl_jax.core import evaluation, intervals, tree
+from augfl_jax.training import processes
 
 __all__ = ["Scorers", "finite", "format_record", "heldout_record",
            "scalars", "summary", "test_split_record"]
@@ -60,12 +60,13 @@ class Scorers:
     split = fed.test_split
     return cls(
         heldout=lambda state: evaluation.with_interval(
-            jax.device_get(evaluate(state, fed.test)), counts),
+            processes.to_host(evaluate(state, fed.test)), counts),
         heldout_counts=counts,
         heldout_digest=tree.digest(fed.test),
         test_split=None if split is None else (
-            lambda state: evaluation.score_in_chunks(evaluate, state,
-                                                     split.clients)),
+            lambda state: evaluation.score_in_chunks(
+                lambda s, c: processes.to_host(evaluate(s, c)), state,
+                split.clients)),
         test_split_digest=None if split is None else tree.digest(
             split.clients),
         test_split_summary=(

@@ -1,0 +1,423 @@
+"""A run across processes (``jax.distributed``): who writes, where the
+clients live, and how the processes agree and notice each other's end.
+
+Every process runs the same command (``experiments.run`` with its
+``--distributed.*`` flags, or ``training.run`` after
+:func:`initialize`); ``jax.devices()`` then lists the devices of all
+processes and the run's client axis is sharded over all of them
+(:func:`run_strategy`: ``"sharded:<inner>"``, the server's sums over
+clients an all-reduce). In one process every function here is the
+identity, or nothing, so that a one-process run is unchanged.
+
+* Writer: process 0 (:func:`is_writer`) writes the run directory's files
+  and the console; every process writes its own shards of a checkpoint
+  (orbax's multi-process saving) and reads the directory, which must be
+  one shared file system.
+* Clients: every process builds the partition, the server split, the PM
+  and the held-out clients identically (one seed; :mod:`augfl_jax.data`
+  builds them from the dataset's files), and keeps and places only the
+  training clients of its own devices (:func:`place_clients`, rows
+  ``core.distributed.local_client_range``); the state's per-client leaves
+  are split the same way, the rest replicated (:func:`place_state`).
+* Agreement: every decision that ends or saves a round is taken by all
+  processes at once: a signal received by any process (:func:`agree`) and
+  the same non-finite checks and evaluations, computed on the same global
+  arrays.
+* Ends: :class:`Watchdog` keeps a heartbeat per process in the
+  coordinator's key-value store; a process that stops (killed, or ended by
+  an error: :func:`announce_stop`) ends the others within
+  ``STALE_SECONDS`` with one line naming it, instead of a hang in the next
+  collective or the runtime's abort with a stack trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from augfl_jax.core import client_axis, distributed
+
+__all__ = [
+    "agree", "announce_stop", "count", "describe", "finished", "gather", "index",
+    "ending", "initialize", "is_writer", "leave", "place_clients", "place_state",
+    "run_strategy", "STALE_SECONDS", "sync", "to_host", "Watchdog"
+]
+
+# A peer whose heartbeat is older than this is taken to be gone.
+STALE_SECONDS = 10.0
+BEAT_SECONDS = 0.5
+GRACE_SECONDS = 3.0
+# The runtime's own detection, a backstop behind the watchdog's.
+HEARTBEAT_TIMEOUT = 30
+_KEY = "augfl_jax/process/"
+_GONE = "augfl_jax/gone/"
+_watchdog = None  # this process's, once initialize() started it
+# The end of the watchdog's line: how the run goes on (a command sets its
+# own, e.g. the command that resumes it).
+hint = "the newest checkpoint is where --resume continues"
+
+
+def count() -> int:
+  """The number of processes of the run (1 without ``jax.distributed``)."""
+  return jax.process_count()
+
+
+def index() -> int:
+  """This process's index, 0 .. ``count() - 1``."""
+  return jax.process_index()
+
+
+def is_writer() -> bool:
+  """Whether this process writes the run's files and console: process 0."""
+  return jax.process_index() == 0
+
+
+def cluster_detected() -> bool:
+  """Whether a cluster that ``jax.distributed.initialize()`` configures by
+  itself (Slurm with several tasks, Open MPI, a Cloud TPU pod, ...) runs
+  this process: JAX's own detection (``jax._src.clusters``)."""
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+    return any(env.is_env_present()
+               for env in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
+               if env.__name__ != "Mpi4pyCluster")  # opt-in only
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def initialize(coordinator: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None) -> bool:
+  """``jax.distributed.initialize`` for a run, before any other JAX call,
+  and this process's :class:`Watchdog`; returns whether the run spans
+  several processes.
+
+  With no argument, initializes only on a cluster JAX detects
+  (:func:`cluster_detected`); otherwise all three are needed (the
+  coordinator is ``host:port`` of process 0).
+
+  Raises:
+    ValueError: some of the three given and not all, or out of range.
+  """
+  given = [v is not None for v in (coordinator, num_processes, process_id)]
+  if not any(given):
+    if not cluster_detected():
+      return False
+    with _runtime_errors_reported():
+      jax.distributed.initialize(
+          heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+  else:
+    if not all(given):
+      raise ValueError(
+          "--distributed.coordinator, --distributed.num_processes and "
+          "--distributed.process_id go together: give all three (or none, "
+          "on a cluster that jax.distributed detects)")
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+      raise ValueError(
+          f"--distributed.process_id={process_id} must be in 0 .. "
+          f"{num_processes - 1} (--distributed.num_processes="
+          f"{num_processes})")
+    if num_processes == 1:
+      return False
+    with _runtime_errors_reported():
+      jax.distributed.initialize(
+          coordinator_address=coordinator, num_processes=num_processes,
+          process_id=process_id,
+          heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+  if jax.process_count() > 1:
+    global _watchdog
+    _watchdog = Watchdog()
+    _watchdog.start()
+  return jax.process_count() > 1
+
+
+@contextlib.contextmanager
+def _runtime_errors_reported():
+  """While ``jax.distributed.initialize`` creates its client, gives it
+  :func:`_runtime_error` as ``missed_heartbeat_callback``: the runtime's
+  own detection of a lost process (the coordinator's end above all, which
+  reaches the others before any heartbeat is missed) is then the one line
+  of :meth:`Watchdog._end` instead of an abort with a stack trace. A JAX
+  whose client does not take the callback keeps its own behaviour."""
+  try:
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+    lib = jax_distributed._jax  # pylint: disable=protected-access
+    make = lib.get_distributed_runtime_client
+  except (ImportError, AttributeError):
+    yield
+    return
+  if "missed_heartbeat_callback" not in (make.__doc__ or ""):
+    yield
+    return
+
+  def make_client(*args, **kwargs):
+    kwargs.setdefault("missed_heartbeat_callback", _runtime_error)
+    return make(*args, **kwargs)
+
+  lib.get_distributed_runtime_client = make_client
+  try:
+    yield
+  finally:
+    lib.get_distributed_runtime_client = make
+
+
+def _runtime_error(*status) -> None:
+  """The runtime found another process (or the coordinator) gone."""
+  text = " ".join(str(s) for s in status)
+  why = ("process 0 (the coordinator) is gone" if index() != 0 and (
+      "coordination service" in text or "leader" in text) else
+         "another process stopped answering (killed, or its machine is "
+         "gone)")
+  if _watchdog is not None:
+    _watchdog.end(why)  # returns when the process reports its own end
+  else:
+    sys.stderr.write(f"error: {why}; this process stops too; {hint}\n")
+    leave(1)
+
+
+def run_strategy(strategy: client_axis.ClientStrategy
+                ) -> client_axis.ClientStrategy:
+  """The strategy of a run's rounds and evaluations: ``strategy`` in one
+  process; across processes the client axis sharded over all devices,
+  each device running its clients as ``strategy`` says (``"auto"``: the
+  backend's default), unless ``strategy`` is ``"sharded"`` already."""
+  if count() == 1 or strategy.name == "sharded":
+    return strategy
+  return client_axis.ClientStrategy("sharded", strategy.chunk_size,
+                                    inner=strategy.name)
+
+
+def describe(strategy: client_axis.ClientStrategy) -> str:
+  """``"sharded:map over 4 devices of 2 processes"``, ``"map"``."""
+  if strategy.name != "sharded":
+    return strategy.name
+  return (f"sharded:{strategy.inner} over {jax.device_count()} devices of "
+          f"{count()} processes")
+
+
+def _host(leaf: Any) -> np.ndarray:
+  return np.asarray(jax.device_get(leaf))
+
+
+def _place(leaf: Any, per_client: bool, strategy) -> Any:
+  """One leaf (host or one device) as a global array: split on the client
+  axis or replicated; typed PRNG keys by their data."""
+  if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
+      leaf.dtype, jax.dtypes.prng_key):
+    data = _place(jax.random.key_data(leaf), per_client, strategy)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+  place = distributed.shard_clients if per_client else distributed.replicate
+  return place(_host(leaf), strategy)
+
+
+def _splits(num_clients: int, strategy: client_axis.ClientStrategy) -> bool:
+  """Whether the run's arrays are split on the client axis: a sharded
+  strategy whose mesh divides the clients (always across processes: the
+  run checks it)."""
+  return strategy.name == "sharded" and (
+      count() > 1 or num_clients % client_axis.client_mesh(strategy).shape[
+          strategy.axis_name] == 0)
+
+
+def place_state(state: Any, num_clients: int,
+                strategy: client_axis.ClientStrategy) -> Any:
+  """For a sharded ``strategy``, ``state`` (the same in every process) as
+  global arrays on its mesh: leaves ``[num_clients, ...]`` split on the
+  client axis, every other leaf replicated. Otherwise, or in one process
+  when the mesh does not divide the clients (the strategy pads them),
+  ``state``."""
+  if not _splits(num_clients, strategy):
+    return state
+  return jax.tree.map(
+      lambda a: _place(a, np.ndim(a) >= 1 and np.shape(a)[0] == num_clients,
+                       strategy), state)
+
+
+def place_clients(clients: Any, strategy: client_axis.ClientStrategy
+                 ) -> Any:
+  """For a sharded ``strategy``, the training clients as global ``[C,
+  ...]`` arrays split on the client axis, of which this process holds only
+  its own rows (``local_client_range``); the other rows of ``clients`` are
+  dropped here. Otherwise (as :func:`place_state`) ``clients``."""
+  num = jax.tree.leaves(clients)[0].shape[0]
+  if not _splits(num, strategy):
+    return clients
+  lo, hi = distributed.local_client_range(num, strategy)
+  return distributed.shard_local_clients(
+      jax.tree.map(lambda a: _host(a)[lo:hi], clients), strategy)
+
+
+def to_host(tree: Any) -> Any:
+  """``jax.device_get(tree)``, for global arrays too: a replicated leaf
+  from this process's copy, a split one gathered from all processes (a
+  collective: every process calls it)."""
+  if count() == 1:
+    return jax.device_get(tree)
+
+  def get(leaf):
+    if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
+      return jax.device_get(leaf)
+    if leaf.is_fully_replicated:
+      return np.asarray(leaf.addressable_data(0))
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+  return jax.tree.map(get, tree)
+
+
+def gather(value: np.ndarray) -> np.ndarray:
+  """``[count(), ...]``: every process's ``value`` (same shape in all; a
+  collective)."""
+  if count() == 1:
+    return np.asarray(value)[None]
+  return np.asarray(multihost_utils.process_allgather(np.asarray(value)))
+
+
+def agree(value: int) -> int:
+  """The largest of every process's ``value`` (a collective; in one
+  process, ``value``)."""
+  if count() == 1:
+    return int(value)
+  return int(np.max(gather(np.int32(value))))
+
+
+def sync(name: str) -> None:
+  """Waits until every process gets here (nothing in one process)."""
+  if count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def _client():
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  return jax_distributed.global_state.client
+
+
+def announce_stop(reason: str) -> None:
+  """Tells the other processes that this one ends, and why (one line);
+  their watchdogs end them with it. This process's watchdog stops first:
+  the process reports its own end."""
+  if _watchdog is None or _watchdog.done.is_set():
+    return  # one process, or announced already: the first reason stands
+  _watchdog.done.set()
+  if count() > 1:
+    try:
+      _client().key_value_set(f"{_KEY}{index()}", "stopped " + reason,
+                              allow_overwrite=True)
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+
+class Watchdog(threading.Thread):
+  """Ends this process, with one line on stderr and exit code 1, within
+  ``STALE_SECONDS`` of another process's end: its heartbeat stops (killed)
+  or it announced its stop (:func:`announce_stop`), or the coordinator
+  (process 0) is gone. A process that finished its run announces so and
+  is not waited for."""
+
+  def __init__(self):
+    super().__init__(name="augfl_jax-watchdog", daemon=True)
+    self.client, self.me, self.n = _client(), index(), count()
+    self.done = threading.Event()
+
+  def run(self):
+    beat, seen = 0, {}
+    while not self.done.is_set():
+      beat += 1
+      try:
+        self.client.key_value_set(f"{_KEY}{self.me}", f"beat {beat}",
+                                  allow_overwrite=True)
+        values = dict(self.client.key_value_dir_get(_KEY))
+      except Exception:  # pylint: disable=broad-except
+        if self.me != 0:
+          self.end("process 0 (the coordinator) is gone")
+        return
+      now = time.monotonic()
+      for i in range(self.n):
+        value = values.get(f"{_KEY}{i}", "")
+        if i == self.me or value in ("", "finished"):
+          continue
+        if value.startswith("stopped "):
+          # An end all processes agreed on (a signal, a non-finite round)
+          # ends this one too, in the meantime, with its own message.
+          self.done.wait(GRACE_SECONDS)
+          self.end(f"process {i} stopped: {value[len('stopped '):]}")
+        last = seen.get(i)
+        if last is None or last[0] != value:
+          seen[i] = (value, now)
+        elif now - last[1] > STALE_SECONDS:
+          self.end(f"process {i} stopped answering (killed, or its "
+                    "machine is gone)")
+      self.done.wait(BEAT_SECONDS)
+
+  def end(self, why: str) -> None:
+    """Ends the process with one line: ``why``, and how the run goes on;
+    nothing once the process reports its own end."""
+    if self.done.is_set():
+      return
+    print(f"error: {why}; process {self.me} stops too; {hint}",
+          file=sys.stderr, flush=True)
+    leave(1)
+
+
+def leave(code: int) -> None:
+  """Ends this process at once with exit ``code`` (``os._exit``: not in
+  ``jax.distributed``'s wait for processes that stopped). Process 0, whose
+  exit takes the coordinator with it (the others' runtime would abort with
+  a stack trace), first waits a few seconds for the others that still
+  answer to leave."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  if count() > 1:
+    try:
+      client = _client()
+      client.key_value_set(f"{_GONE}{index()}", "1", allow_overwrite=True)
+      deadline = time.monotonic() + GRACE_SECONDS + STALE_SECONDS
+      before = dict(client.key_value_dir_get(_KEY))
+      while index() == 0 and time.monotonic() < deadline:
+        time.sleep(2 * BEAT_SECONDS)
+        gone = dict(client.key_value_dir_get(_GONE))
+        beats = dict(client.key_value_dir_get(_KEY))
+        waiting = [k for k, v in beats.items()
+                   if k[len(_KEY):] not in {g[len(_GONE):] for g in gone}
+                   and v != before.get(k)]
+        if not waiting:
+          break
+        before = beats
+    except Exception:  # pylint: disable=broad-except
+      pass
+  os._exit(code)  # pylint: disable=protected-access
+
+
+# Errors of a collective whose peer is gone (Gloo on CPU, the runtime's).
+_LOST = ("Gloo", "Connection reset", "UNAVAILABLE", "DEADLINE_EXCEEDED")
+
+
+def ending(message: str) -> str:
+  """This process ends on an error, ``message`` (one line), which it
+  returns to be printed, after telling the other processes
+  (:func:`announce_stop`). When the error is a collective's failure and
+  another process is gone, this process's watchdog ends it first, with the
+  line that names that process (waiting at most ``STALE_SECONDS``)."""
+  if (_watchdog is not None and not _watchdog.done.is_set()
+      and any(s in message for s in _LOST)):
+    _watchdog.join(STALE_SECONDS + 4 * BEAT_SECONDS)
+  announce_stop(message)
+  return message
+
+
+def finished() -> None:
+  """Tells the other processes' watchdogs that this one has finished its
+  run normally (they do not wait for its heartbeat any more); its own
+  watchdog still watches them until the process exits."""
+  if count() > 1:
+    try:
+      _client().key_value_set(f"{_KEY}{index()}", "finished",
+                              allow_overwrite=True)
+    except Exception:  # pylint: disable=broad-except
+      pass
