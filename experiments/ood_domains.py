@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from augfl_jax.core import client_axis as clients, fields
+from augfl_jax.core import fields
 from augfl_jax import data, training
 from augfl_jax.algorithms.fedoa import round as fedoa
 from augfl_jax.data import rotated
@@ -171,8 +171,7 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
   pm_model = wiring.pm_model(config, fed.num_classes)
   evaluate = fedoa.make_evaluate_personal(
       pm_model, algorithm_config(config),
-      strategy=clients.ClientStrategy(config.strategy,
-                                      config.chunk_size or None))
+      strategy=plan.strategy)
   accuracy = float(evaluate(state, rotated.pool_clients(fed.test))
                    ["accuracy"])
   outputs.write_json_atomic(path, {"round": step, "accuracy": accuracy,

@@ -8,10 +8,12 @@ r"""Runs one federated experiment (``augfl_jax.training.run``).
   python -m experiments.run --algorithm=fedavg --fedavg.lr=0.05 --rounds=100
   python -m experiments.run --flagfile=experiments/configs/fashion_mnist.flags
   python -m experiments.run --rounds=500 --resume    # continue a run further
+  python -m experiments.run --distributed.coordinator=host0:1234 \
+      --distributed.num_processes=2 --distributed.process_id=0  # on host0
 
 Every flag but the run-control ones (``--output_dir``,
 ``--checkpoint_every``, ``--resume``, ``--overwrite``,
-``--compilation_cache[_dir]``) is a field of
+``--compilation_cache[_dir]``, ``--distributed.*``) is a field of
 ``augfl_jax.training.RunConfig``, named by its dotted path; flags of a
 section the run does not read (``--augfl.lam`` with
 ``--algorithm=fedavg``, ``--pm.*`` without a PM) are named in a warning.
@@ -23,6 +25,12 @@ the run; one that comes before the first round (PM pretraining included)
 ends the command at its next step with a line saying what was kept, and one
 in the last round lets the run finish; the exit code is the same. A second
 one ends the process at once, even inside a long XLA call.
+
+Across processes or hosts (``--distributed.*``, ``training.processes``;
+README, "Across processes and hosts") every process runs this command
+with its own ``--distributed.process_id``; process 0 writes the files and
+the console, a signal to any process stops all after the round, and a
+process that ends stops the others within seconds, each with one line.
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ on TPU pods and SLURM they are detected) in every process before any other
 JAX call; ``jax.devices()`` then lists the devices of all processes, so the
 default ``"sharded"`` mesh spans them. Every process runs the same Python
 program, on global arrays: ``augfl_jax.core.distributed`` places a round's inputs
-(per-client leaves split on the client axis, shared ones replicated).
+(per-client leaves split on the client axis, shared ones replicated), and
+``experiments.run --distributed.*`` runs a whole experiment so
+(``augfl_jax.training.processes``).
 """
 
 from __future__ import annotations

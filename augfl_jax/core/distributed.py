@@ -21,9 +21,11 @@ the server model replicated; ``jax.experimental.multihost_utils.
 process_allgather`` brings a per-client leaf whole to every process.
 In one process the same functions place the data on its local devices.
 
-Example (every process; ``tests/test_distributed.py`` runs it on 2
-processes x 4 CPU devices and gets the single-process numbers, ``BUILD.md``
-launches it on several hosts)::
+``experiments.run`` with ``--distributed.*`` flags runs a whole experiment
+this way (``augfl_jax.training.processes``: data, PM, evaluation,
+checkpoints); for a loop of one's own, every process calls (as
+``tests/test_distributed.py`` does on 2 processes x 4 CPU devices, getting
+the single-process numbers)::
 
   jax.distributed.initialize()   # before any other JAX call
   strategy = clients.as_strategy("sharded:map")

@@ -17,7 +17,8 @@ gets its section from ``config.config_class()``), :mod:`.plan`
 and the paper's defaults), :mod:`.loop` (``run``), :mod:`.safety` (the
 non-finite guard and :class:`StopSignals`: wrap a loop over runs in one to
 see a signal that came in a run's last round), :mod:`.processes` (a run
-across processes: ``processes.initialize`` before ``run``). Internal: :mod:`.wiring`
+across processes: ``processes.initialize`` before ``run``). Internal:
+:mod:`.wiring`
 (data, models, the PM by its role, the algorithm), :mod:`.rounds` (the
 round loop), :mod:`.scoring` (records, intervals, the summary),
 :mod:`.resume` (where a run starts, and its checks), :mod:`.feasibility`

@@ -22,6 +22,12 @@ JSON files are replaced atomically, checkpoints are verified on restore
 (the previous one is used, with a message, when the newest is damaged),
 and resuming is exact: ``R`` rounds straight and ``k`` + resume + ``R - k``
 give the same state bit for bit (same device, strategy and conv_impl).
+
+Across processes (``training.processes.initialize`` before ``run``, in
+every process; ``experiments.run --distributed.*``) the client axis runs
+sharded over every process's devices, each process holds its own
+training clients, process 0 alone takes the lock and writes these files
+and ``log``, and every process saves its own part of each checkpoint.
 """
 
 from __future__ import annotations

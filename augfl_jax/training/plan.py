@@ -109,7 +109,7 @@ def prepare(config: RunConfig) -> Plan:
         config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
   unread = unread_sections(config)
   feasibility.check(config, unread)
-  name, _, inner = config.strategy.partition(":")
+  name, _, inner = config.strategy.partition(":")  # "sharded:map"
   strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
                                         inner=inner or "vmap")
   location = data.locate(config.dataset, config.data.data_dir)

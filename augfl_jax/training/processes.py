@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -111,9 +112,7 @@ def initialize(coordinator: str | None = None,
   if not any(given):
     if not cluster_detected():
       return False
-    with _runtime_errors_reported():
-      jax.distributed.initialize(
-          heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
   else:
     if not all(given):
       raise ValueError(
@@ -127,7 +126,7 @@ def initialize(coordinator: str | None = None,
           f"{num_processes})")
     if num_processes == 1:
       return False
-    with _runtime_errors_reported():
+    with _service_in_a_child(coordinator, num_processes, process_id):
       jax.distributed.initialize(
           coordinator_address=coordinator, num_processes=num_processes,
           process_id=process_id,
@@ -139,48 +138,65 @@ def initialize(coordinator: str | None = None,
   return jax.process_count() > 1
 
 
+# The coordination service, in a process of its own: it outlives process
+# 0 by LINGER_SECONDS, so that the others' watchdogs, not the runtime's
+# abort, end them when process 0 is killed.
+LINGER_SECONDS = STALE_SECONDS + GRACE_SECONDS + 10
+_SERVE = """
+import os, sys, time
+from jax._src.lib import _jax
+bind, num, heartbeat, parent, linger = sys.argv[1:]
+service = _jax.get_distributed_runtime_service(
+    bind, int(num), heartbeat_timeout=int(heartbeat))
+print("serving", flush=True)
+while os.getppid() == int(parent):
+  time.sleep(0.2)
+time.sleep(float(linger))
+"""
+
+
+class _NoService:
+  """What process 0's ``jax.distributed`` holds instead of the service
+  that runs in the child (its ``shutdown`` is the child's end)."""
+
+  def shutdown(self):
+    pass
+
+
 @contextlib.contextmanager
-def _runtime_errors_reported():
-  """While ``jax.distributed.initialize`` creates its client, gives it
-  :func:`_runtime_error` as ``missed_heartbeat_callback``: the runtime's
-  own detection of a lost process (the coordinator's end above all, which
-  reaches the others before any heartbeat is missed) is then the one line
-  of :meth:`Watchdog._end` instead of an abort with a stack trace. A JAX
-  whose client does not take the callback keeps its own behaviour."""
+def _service_in_a_child(coordinator: str, num_processes: int,
+                        process_id: int):
+  """For process 0, while ``jax.distributed.initialize`` runs: the
+  coordination service started in a child process instead of this one
+  (JAX's own is in process 0, and its end would abort the others at once,
+  with a stack trace, before any watchdog speaks). Where JAX's internals
+  differ from the ones this knows, JAX's own service is kept."""
   try:
     from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
     lib = jax_distributed._jax  # pylint: disable=protected-access
-    make = lib.get_distributed_runtime_client
+    start = lib.get_distributed_runtime_service
   except (ImportError, AttributeError):
+    start = None
+  if process_id != 0 or start is None:
     yield
     return
-  if "missed_heartbeat_callback" not in (make.__doc__ or ""):
-    yield
-    return
-
-  def make_client(*args, **kwargs):
-    kwargs.setdefault("missed_heartbeat_callback", _runtime_error)
-    return make(*args, **kwargs)
-
-  lib.get_distributed_runtime_client = make_client
+  child = subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-c", _SERVE, "[::]:" + coordinator.rsplit(":", 1)[1],
+       str(num_processes), str(HEARTBEAT_TIMEOUT), str(os.getpid()),
+       str(LINGER_SECONDS)], stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+      start_new_session=True)
+  if child.stdout.readline().strip() != b"serving":  # it could not bind
+    child.wait()
+    raise ValueError(f"--distributed.coordinator={coordinator}: the "
+                     "coordination service cannot listen on its port (in "
+                     "use?); choose another port")
+  child.stdout.close()
+  lib.get_distributed_runtime_service = lambda *a, **k: _NoService()
   try:
     yield
   finally:
-    lib.get_distributed_runtime_client = make
-
-
-def _runtime_error(*status) -> None:
-  """The runtime found another process (or the coordinator) gone."""
-  text = " ".join(str(s) for s in status)
-  why = ("process 0 (the coordinator) is gone" if index() != 0 and (
-      "coordination service" in text or "leader" in text) else
-         "another process stopped answering (killed, or its machine is "
-         "gone)")
-  if _watchdog is not None:
-    _watchdog.end(why)  # returns when the process reports its own end
-  else:
-    sys.stderr.write(f"error: {why}; this process stops too; {hint}\n")
-    leave(1)
+    lib.get_distributed_runtime_service = start
 
 
 def run_strategy(strategy: client_axis.ClientStrategy
