@@ -149,9 +149,9 @@ def define_distributed_flags() -> None:
 
 
 def start_processes() -> bool:
-  """``training.processes.initialize`` from the ``--distributed.*`` flags,
+  """``training.process_group.initialize`` from the ``--distributed.*`` flags,
   before any JAX computation; whether the run spans several processes."""
-  return training.processes.initialize(
+  return training.process_group.initialize(
       FLAGS["distributed.coordinator"].value,
       FLAGS["distributed.num_processes"].value,
       FLAGS["distributed.process_id"].value)

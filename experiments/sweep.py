@@ -12,6 +12,12 @@ configuration is reused and an interrupted one continues from its
 checkpoint, so an interrupted sweep resumes (a larger ``--rounds`` trains the
 finished runs further). Writes ``results.csv`` (one row per run) and
 ``results.md`` (final test-client accuracy, mean ± std over seeds, per cell).
+
+The runs go one after another in this one process, on its devices: a sweep
+launches no run across processes or hosts (``--distributed.*`` is
+``experiments.run``'s alone), and a cell whose checkpoints several
+processes saved is refused, in one line, where the sweep would continue
+it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ finished (runs still going, or run on another machine and copied in),
 naming the (method, seed) cells the table lacks.
 The runs go to ``--output_dir`` (default ``runs/table2``), each with its
 resolved ``config.json``; each run's progress lines are printed with its
-place in the table, and the table's time left after each run.
+place in the table, and the table's time left after each run. They run
+one after another in this one process (``sweep.run_cells``): the table
+launches no run across processes or hosts.
 
 Every run is scored on its test-split clients where the dataset has a test
 split (many held-out clients drawn from it under the same protocol, the

@@ -21,7 +21,7 @@ import pytest
 from augfl_jax import models
 from augfl_jax.core import client_axis
 from augfl_jax.storage import checkpoint
-from augfl_jax.training import outputs, processes
+from augfl_jax.training import outputs, process_group, processes
 from experiments import local_processes
 from tests import fake_pm
 
@@ -118,11 +118,11 @@ def test_sharded_in_one_process_places_clients_on_the_mesh():
 ])
 def test_initialize_refuses_incomplete_or_bad_flags(given, match):
   with pytest.raises(ValueError, match=match):
-    processes.initialize(**given)
+    process_group.initialize(**given)
 
 
 def test_one_process_given_as_flags_is_a_plain_run():
-  assert not processes.initialize("localhost:1", 1, 0)
+  assert not process_group.initialize("localhost:1", 1, 0)
 
 
 def test_a_peer_directory_writes_nothing(tmp_path):
@@ -260,40 +260,64 @@ def test_resume_across_processes_is_exact_and_another_count_is_refused(
       "the state)"]
 
 
+def _start_and_wait_for_step_5(out, logs, args=()):
+  procs = local_processes.launch(
+      2, 2, _flags(out, rounds=100000, checkpoint_every=5, **dict(args)),
+      logs=logs, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+  deadline = time.monotonic() + 300
+  while not os.path.isdir(out / "checkpoints" / "step_5"):
+    if time.monotonic() > deadline or any(p.poll() is not None
+                                           for p in procs):
+      local_processes.wait(procs, timeout=1)
+      raise AssertionError(open(logs[0]).read()[-3000:])
+    time.sleep(0.5)
+  return procs
+
+
 @pytest.mark.slow
-def test_a_killed_process_stops_the_others_in_one_line(tmp_path):
+@pytest.mark.parametrize("killed", [1, 0])  # 0: the writer, coordinator's
+def test_a_killed_process_stops_the_others_in_one_line(tmp_path, killed):
   out = tmp_path / "killed"
   logs = [str(tmp_path / f"p{i}.log") for i in range(2)]
-  procs = local_processes.launch(
-      2, 2, _flags(out, rounds=100000, checkpoint_every=5), logs=logs,
-      env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+  procs = _start_and_wait_for_step_5(out, logs)
+  survivor = 1 - killed
   try:
-    deadline = time.monotonic() + 300
-    while not os.path.isdir(out / "checkpoints" / "step_5"):
-      assert time.monotonic() < deadline and procs[0].poll() is None, (
-          open(logs[0]).read()[-3000:])
-      time.sleep(0.5)
-    procs[1].send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    code = procs[0].wait(timeout=60)
-    seconds = time.monotonic() - killed
+    procs[killed].send_signal(signal.SIGKILL)
+    start = time.monotonic()
+    code = procs[survivor].wait(timeout=60)
+    seconds = time.monotonic() - start
   finally:
     local_processes.wait(procs, timeout=1)
-  log = open(logs[0]).read()
+  log = open(logs[survivor]).read()
   errors = [l for l in log.splitlines() if l.startswith("error:")]
   assert code == 1 and len(errors) == 1, log[-3000:]
   assert errors[0].startswith(
-      "error: process 1 stopped answering (killed, or its machine is gone);"
-      " process 0 stops too; resume with: python -m experiments.run "), (
-          errors[0])
-  assert seconds < processes.STALE_SECONDS + 8, seconds
-  assert "Traceback" not in log
-  steps = [s for s in os.listdir(out / "checkpoints") if s.startswith(
-      "step_") and s.split("_")[1].isdigit()]
-  assert steps, os.listdir(out / "checkpoints")
+      f"error: process {killed} stopped answering (killed, or its machine "
+      f"is gone); process {survivor} stops too; resume with: python -m "
+      "experiments.run "), errors[0]
+  assert seconds < process_group.STALE_SECONDS + 8, seconds
+  assert "Traceback" not in log and "Check failure" not in log
+  steps = [s for s in os.listdir(out / "checkpoints")
+           if s.startswith("step_") and s[5:].isdigit()]
   # What the kill left is resumable, with the same number of processes.
-  newest = max(int(s.split("_")[1]) for s in steps)
+  newest = max(int(s[5:]) for s in steps)
   codes, logs = _launch(2, 2, _flags(out, rounds=newest + 2, resume=None,
                                      checkpoint_every=5), tmp_path)
   assert codes == [0, 0], logs[0][-3000:]
   assert f"resuming from round {newest}" in logs[0]
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_process_stops_all_after_the_round(tmp_path):
+  out = tmp_path / "signalled"
+  logs = [str(tmp_path / f"p{i}.log") for i in range(2)]
+  procs = _start_and_wait_for_step_5(out, logs)
+  procs[1].send_signal(signal.SIGTERM)
+  codes = local_processes.wait(procs, timeout=120)
+  assert codes == [128 + signal.SIGTERM] * 2, open(logs[0]).read()[-3000:]
+  lines = open(logs[0]).read().splitlines()
+  said = [l for l in lines if l.startswith("interrupted:")]
+  assert len(said) == 1 and "(received by another process): the run " \
+      "state is saved in" in said[0], said
+  assert not [l for l in lines if l.startswith("error:")]
+  assert lines[-1].startswith("resume with: python -m experiments.run ")

@@ -16,19 +16,20 @@ gets its section from ``config.config_class()``), :mod:`.plan`
 (``prepare``, ``validate``), :mod:`.presets` (``resolve``: the dataset's
 and the paper's defaults), :mod:`.loop` (``run``), :mod:`.safety` (the
 non-finite guard and :class:`StopSignals`: wrap a loop over runs in one to
-see a signal that came in a run's last round), :mod:`.processes` (a run
-across processes: ``processes.initialize`` before ``run``). Internal:
-:mod:`.wiring`
-(data, models, the PM by its role, the algorithm), :mod:`.rounds` (the
-round loop), :mod:`.scoring` (records, intervals, the summary),
+see a signal that came in a run's last round), :mod:`.process_group` (a
+run across processes: ``process_group.initialize`` before ``run``) and
+:mod:`.processes` (who writes, where its clients live). Internal:
+:mod:`.wiring` (data, models, the PM by its role, the algorithm),
+:mod:`.rounds` (the round loop), :mod:`.scoring` (records, intervals, the
+summary),
 :mod:`.resume` (where a run starts, and its checks), :mod:`.feasibility`
 (sizes against the machine), :mod:`.outputs`, :mod:`.checkpoints` and
 :mod:`.events` (the run's files).
 """
 
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
-                                plan, presets, processes, resume, rounds,
-                                safety, wiring)
+                                plan, presets, process_group, processes,
+                                resume, rounds, safety, wiring)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
                                        RunConfig, pm_role, resumable_fields,
                                        resume_changes, unread_sections)

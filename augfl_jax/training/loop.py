@@ -23,7 +23,7 @@ JSON files are replaced atomically, checkpoints are verified on restore
 and resuming is exact: ``R`` rounds straight and ``k`` + resume + ``R - k``
 give the same state bit for bit (same device, strategy and conv_impl).
 
-Across processes (``training.processes.initialize`` before ``run``, in
+Across processes (``training.process_group.initialize`` before ``run``, in
 every process; ``experiments.run --distributed.*``) the client axis runs
 sharded over every process's devices, each process holds its own
 training clients, process 0 alone takes the lock and writes these files
@@ -185,10 +185,11 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
         f"{signal.Signals(stop.signum).name} during PM pretraining ({e}): "
         "this run saved no PM and trained no round", stop.signum,
         start_round, kept) from None
-  state = rounds.committed(processes.place_state(algo.start(
-      params, fed.train, plan.keys()[1],
-      partial=rounds.partial(config.clients_per_round, num_clients)),
-                                                 num_clients, plan.strategy))
+  key, partial = plan.keys()[1], rounds.partial(config.clients_per_round,
+                                                 num_clients)
+  state = rounds.committed(processes.start(
+      lambda p, c: algo.start(p, c, key, partial), (params, fed.train),
+      num_clients, plan.strategy))
   train = processes.place_clients(fed.train, plan.strategy)
   if stop.signum is not None:
     pm_kept = (f"; the PM it pretrained is saved in {config.pm.dir} and is "
