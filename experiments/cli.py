@@ -130,22 +130,25 @@ def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
                       "jax_cache, ~/.cache without XDG_CACHE_HOME)")
 
 
-def define_distributed_flags() -> None:
+def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
+                            ) -> None:
   """``--distributed.coordinator``, ``--distributed.num_processes`` and
   ``--distributed.process_id``: the command as one of the processes of a
-  run across processes or hosts (``training.processes``)."""
+  run across processes or hosts (``training.process_group``)."""
   flags.DEFINE_string(
       "distributed.coordinator", None, "host:port of process 0, which every "
       "process of a run across processes reaches (with "
       "--distributed.num_processes and --distributed.process_id; none of "
       "the three on a Slurm, Open MPI or Cloud TPU cluster, which "
-      "jax.distributed detects)")
+      "jax.distributed detects)", flag_values=flag_values)
   flags.DEFINE_integer("distributed.num_processes", None, "how many "
                        "processes run the command together, one per host "
-                       "or several on one", lower_bound=1)
+                       "or several on one", lower_bound=1,
+                       flag_values=flag_values)
   flags.DEFINE_integer("distributed.process_id", None, "this process's "
                        "index, 0 .. num_processes - 1; process 0 writes "
-                       "the run's files and console", lower_bound=0)
+                       "the run's files and console", lower_bound=0,
+                       flag_values=flag_values)
 
 
 def start_processes() -> bool:

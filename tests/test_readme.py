@@ -42,6 +42,7 @@ def test_readme_run_commands_parse_and_the_cpu_command_comes_first():
   for args in commands:
     values = flags.FlagValues()
     run_flags.define_config_flags(flag_values=values)
+    run_flags.define_distributed_flags(flag_values=values)
     # Raises on a flag the run lacks (--help is the parser's: tested in
     # test_flags).
     values(["run"] + [a for a in args.split() if a != "--help"])

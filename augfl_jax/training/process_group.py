@@ -240,10 +240,10 @@ class Watchdog(threading.Thread):
 
 def leave(code: int) -> None:
   """Ends this process at once with exit ``code`` (``os._exit``: not in
-  ``jax.distributed``'s wait for processes that stopped). Process 0, whose
-  exit takes the coordinator with it (the others' runtime would abort with
-  a stack trace), first waits a few seconds for the others that still
-  answer to leave."""
+  ``jax.distributed``'s wait for processes that stopped). Process 0 first
+  waits a few seconds for the others that still answer to leave: where
+  JAX's coordination service runs inside it (on a cluster JAX detects),
+  its exit would abort them with a stack trace."""
   sys.stdout.flush()
   sys.stderr.flush()
   if count() > 1:
