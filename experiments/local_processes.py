@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from typing import Sequence
 
 __all__ = ["command", "free_port", "launch", "wait"]
@@ -67,15 +68,21 @@ def launch(num_processes: int, devices_per_process: int,
 
 def wait(procs: Sequence[subprocess.Popen], timeout: float | None = None
         ) -> list[int]:
-  """Waits for every process (killing all at ``timeout``); their exit
-  codes."""
+  """Waits for every process, killing those still running after
+  ``timeout`` seconds in all; their exit codes (negative: killed)."""
+  deadline = None if timeout is None else time.monotonic() + timeout
   try:
-    return [p.wait(timeout=timeout) for p in procs]
+    for p in procs:
+      p.wait(timeout=None if deadline is None else
+             max(0.0, deadline - time.monotonic()))
+  except subprocess.TimeoutExpired:
+    pass
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
         p.wait()
+  return [p.returncode for p in procs]
 
 
 def main(argv: Sequence[str]) -> int:

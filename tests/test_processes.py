@@ -30,6 +30,7 @@ FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # A round's numbers across processes differ from one process's by the
 # order of the server's sums (an all-reduce): float32 rounding.
 RTOL = 2e-5
+NO_PM = {"augfl.lam": 0.0}  # the runs that test the mechanics need no PM
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +162,24 @@ def test_partial_distributed_flags_are_one_line(tmp_path):
 # --- across processes ------------------------------------------------------
 
 
+def test_across_processes_a_missing_pm_is_refused_in_one_line(tmp_path):
+  """Saving a checkpoint is a collective of all processes: the run does
+  not pretrain its PM, and says how to get one."""
+  missing = tmp_path / "no_pm"
+  codes, logs = _launch(2, 1, _flags(tmp_path / "run", **{
+      "augfl.lam": 5.0, "pm.model": "mlp", "pm.dir": missing}), tmp_path,
+                        timeout=200)
+  assert codes == [2, 2], logs
+  for log in logs:
+    errors = [l for l in log.splitlines() if l.startswith("error:")]
+    assert errors == [
+        "error: a run across processes does not pretrain its PM, and "
+        f"{missing} holds none: pretrain it first, in one process, with "
+        "python -m experiments.pretrain_pm and the run's flags (or run the "
+        "run once in one process)"], log[-2000:]
+  assert not os.path.exists(missing)
+
+
 def test_two_processes_give_the_numbers_of_one(tmp_path, pm_dir):
   """AugFL w/ PM (the main job) on digits: 2 processes x 2 devices against
   the default one-process run; one run directory, written by process 0."""
@@ -236,12 +255,12 @@ def test_two_processes_match_one_on_fashion_mnist_within_rounding(tmp_path):
 def test_resume_across_processes_is_exact_and_another_count_is_refused(
     tmp_path):
   straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-  codes, logs = _launch(2, 2, _flags(straight, rounds=4), tmp_path)
+  codes, logs = _launch(2, 2, _flags(straight, rounds=4, **NO_PM), tmp_path)
   assert codes == [0, 0], logs[0][-3000:]
-  codes, logs = _launch(2, 2, _flags(resumed, rounds=2), tmp_path)
+  codes, logs = _launch(2, 2, _flags(resumed, rounds=2, **NO_PM), tmp_path)
   assert codes == [0, 0], logs[0][-3000:]
-  codes, logs = _launch(2, 2, _flags(resumed, rounds=4, resume=None),
-                        tmp_path)
+  codes, logs = _launch(2, 2, _flags(resumed, rounds=4, resume=None,
+                                     **NO_PM), tmp_path)
   assert codes == [0, 0], logs[0][-3000:]
   assert "resuming from round 2" in logs[0]
   # (A run of 2 rounds scores its test-split clients after its last.)
@@ -251,7 +270,7 @@ def test_resume_across_processes_is_exact_and_another_count_is_refused(
   env = dict(os.environ, PYTHONPATH=ROOT)
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.run",
-       *_flags(resumed, rounds=5, resume=None)], cwd=ROOT, env=env,
+       *_flags(resumed, rounds=5, resume=None, **NO_PM)], cwd=ROOT, env=env,
       capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines() == [
@@ -263,7 +282,8 @@ def test_resume_across_processes_is_exact_and_another_count_is_refused(
 
 def _start_and_wait_for_step_5(out, logs, args=()):
   procs = local_processes.launch(
-      2, 2, _flags(out, rounds=100000, checkpoint_every=5, **dict(args)),
+      2, 2, _flags(out, rounds=100000, checkpoint_every=5, **NO_PM,
+                   **dict(args)),
       logs=logs, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
   deadline = time.monotonic() + 300
   while not os.path.isdir(out / "checkpoints" / "step_5"):
@@ -303,7 +323,7 @@ def test_a_killed_process_stops_the_others_in_one_line(tmp_path, killed):
   # What the kill left is resumable, with the same number of processes.
   newest = max(int(s[5:]) for s in steps)
   codes, logs = _launch(2, 2, _flags(out, rounds=newest + 2, resume=None,
-                                     checkpoint_every=5), tmp_path)
+                                     checkpoint_every=5, **NO_PM), tmp_path)
   assert codes == [0, 0], logs[0][-3000:]
   assert f"resuming from round {newest}" in logs[0]
 

@@ -105,6 +105,14 @@ def run(config: RunConfig | Plan, output_dir: str,
   resuming.check_run_control(config, checkpoint_every, resume, overwrite,
                      resume_changes)
   if processes.count() > 1:  # process 0 writes; all run the client axis
+    if plan.pm_role != "none" and not checkpoint.exists(config.pm.dir):
+      # Saving a checkpoint is a collective of every process (orbax): one
+      # process cannot save the PM while the others wait for it.
+      raise ValueError(
+          f"a run across processes does not pretrain its PM, and "
+          f"{config.pm.dir} holds none: pretrain it first, in one process, "
+          "with python -m experiments.pretrain_pm and the run's flags (or "
+          "run the run once in one process)")
     plan = dataclasses.replace(
         plan, strategy=processes.run_strategy(plan.strategy))
     if not processes.is_writer():
