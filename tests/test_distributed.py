@@ -10,7 +10,6 @@ round's (vmap on one device) to float32 rounding.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import pytest
 
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax.core import distributed
+from experiments import local_processes
 from tests import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,12 +72,6 @@ _WORKER = textwrap.dedent("""
 """) % {"num_clients": NUM_CLIENTS, "rounds": ROUNDS}
 
 
-def _free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def _single_process_reference():
   data = tiny.client_data(seed=0, num_clients=NUM_CLIENTS, pad_to=6)
   state = augfl.init_state(tiny.init(jax.random.PRNGKey(0)), NUM_CLIENTS)
@@ -92,7 +86,7 @@ def test_round_on_two_processes_matches_one_process(tmp_path):
   out = tmp_path / "result.npz"
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("XLA_FLAGS", None)
-  port = str(_free_port())
+  port = str(local_processes.free_port())
   procs = [subprocess.Popen(
       [sys.executable, "-c", _WORKER, str(i), port, str(out)], cwd=ROOT,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -63,15 +63,25 @@ def replicated_sharding(strategy: str | ClientStrategy) -> NamedSharding:
   return NamedSharding(client_mesh(as_strategy(strategy)), PartitionSpec())
 
 
+def _put(leaf: Any, sharding: NamedSharding) -> jax.Array:
+  """``leaf`` (the same value in every process: host or one device) as a
+  global array of ``sharding``, each process copying only its devices'
+  part; a typed PRNG key by its data."""
+  if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
+      leaf.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(_put(jax.random.key_data(leaf), sharding),
+                                    impl=jax.random.key_impl(leaf))
+  host = np.asarray(leaf)
+  return jax.make_array_from_callback(host.shape, sharding,
+                                      lambda idx: host[idx])
+
+
 def replicate(tree: Any, strategy: str | ClientStrategy) -> Any:
   """Places ``tree`` (the same value in every process) whole on every
   device of the strategy's mesh: the server model, scalars, anything that
   all clients share. Works in one process and across processes."""
   sharding = replicated_sharding(strategy)
-  return jax.tree.map(
-      lambda leaf: jax.make_array_from_callback(
-          np.shape(leaf), sharding, lambda idx, a=np.asarray(leaf): a[idx]),
-      tree)
+  return jax.tree.map(lambda leaf: _put(leaf, sharding), tree)
 
 
 def replicate_beside(tree: Any, args: Any) -> Any:
@@ -87,18 +97,10 @@ def replicate_beside(tree: Any, args: Any) -> Any:
   if mesh is None:
     return tree
   sharding = NamedSharding(mesh, PartitionSpec())
-
-  def put(leaf):
-    if (not isinstance(leaf, jax.Array) or
-        len(leaf.sharding.device_set) > 1):
-      return leaf
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-      return jax.random.wrap_key_data(put(jax.random.key_data(leaf)),
-                                      impl=jax.random.key_impl(leaf))
-    host = np.asarray(leaf)
-    return jax.make_array_from_callback(host.shape, sharding,
-                                        lambda idx: host[idx])
-  return jax.tree.map(put, tree)
+  return jax.tree.map(
+      lambda leaf: leaf if (not isinstance(leaf, jax.Array) or
+                            len(leaf.sharding.device_set) > 1)
+      else _put(leaf, sharding), tree)
 
 
 def _check_divisible(num: int, strategy: ClientStrategy) -> int:
@@ -123,10 +125,8 @@ def shard_clients(tree: Any, strategy: str | ClientStrategy) -> Any:
   sharding = client_sharding(strategy)
 
   def put(leaf):
-    leaf = np.asarray(leaf)
-    _check_divisible(leaf.shape[0], strategy)
-    return jax.make_array_from_callback(leaf.shape, sharding,
-                                        lambda idx: leaf[idx])
+    _check_divisible(np.shape(leaf)[0], strategy)
+    return _put(leaf, sharding)
 
   return jax.tree.map(put, tree)
 

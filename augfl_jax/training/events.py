@@ -68,8 +68,6 @@ class EventWriter:
 
   def _add(self, event) -> None:
     """Frames ``event`` and writes it in one call."""
-    if self._file is None:
-      return
     self._frame.seek(0)
     self._frame.truncate()
     self._records.write(event.SerializeToString())

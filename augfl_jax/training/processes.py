@@ -86,13 +86,9 @@ def _host(leaf: Any) -> np.ndarray:
 
 def _place(leaf: Any, per_client: bool, strategy) -> Any:
   """One leaf (host or one device) as a global array: split on the client
-  axis or replicated; typed PRNG keys by their data."""
-  if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(
-      leaf.dtype, jax.dtypes.prng_key):
-    data = _place(jax.random.key_data(leaf), per_client, strategy)
-    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+  axis or replicated."""
   place = distributed.shard_clients if per_client else distributed.replicate
-  return place(_host(leaf), strategy)
+  return place(leaf, strategy)
 
 
 def _splits(num_clients: int, strategy: client_axis.ClientStrategy) -> bool:
