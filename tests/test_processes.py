@@ -180,6 +180,30 @@ def test_across_processes_a_missing_pm_is_refused_in_one_line(tmp_path):
   assert not os.path.exists(missing)
 
 
+_FINISH = """
+import sys
+from augfl_jax.training import process_group
+process_group.BEAT_SECONDS = 0.0005  # the client is called all the time
+process_group.initialize(sys.argv[1], 2, int(sys.argv[2]))
+process_group.finished()
+"""
+
+
+def test_processes_that_finish_exit_cleanly_while_their_watchdogs_beat():
+  """The watchdog stops before the interpreter's exit: a thread ended by
+  it inside a call of the coordinator's client aborts the process (exit
+  -6, "FATAL: exception not rethrown"), most pairs without the stop."""
+  for _ in range(2):
+    address = f"localhost:{local_processes.free_port()}"
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, "-c", _FINISH, address, str(i)],
+                              env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+
+
 def test_two_processes_give_the_numbers_of_one(tmp_path, pm_dir):
   """AugFL w/ PM (the main job) on digits: 2 processes x 2 devices against
   the default one-process run; one run directory, written by process 0."""

@@ -18,6 +18,7 @@ the decisions they agree on) is :mod:`augfl_jax.training.processes`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import subprocess
@@ -102,6 +103,8 @@ def initialize(coordinator: str | None = None,
     global _watchdog
     _watchdog = Watchdog()
     _watchdog.start()
+    # Registered after JAX's own exit handler, so it runs before it.
+    atexit.register(_watchdog.stop)
   return jax.process_count() > 1
 
 
@@ -227,6 +230,15 @@ class Watchdog(threading.Thread):
           self.end(f"process {i} stopped answering (killed, or its "
                     "machine is gone)")
       self.done.wait(BEAT_SECONDS)
+
+  def stop(self) -> None:
+    """Stops watching and waits for the thread to end; at the
+    interpreter's exit, before ``jax.distributed``'s shutdown. A thread
+    still in a call of the coordinator's client when the interpreter
+    finalizes is ended by it mid-call, which aborts the process
+    ("FATAL: exception not rethrown", exit -6) after a run that finished."""
+    self.done.set()
+    self.join(STALE_SECONDS)
 
   def end(self, why: str) -> None:
     """Ends the process with one line: ``why``, and how the run goes on;
