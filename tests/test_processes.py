@@ -204,23 +204,6 @@ def test_processes_that_finish_exit_cleanly_while_their_watchdogs_beat():
     assert [p.returncode for p in procs] == [0, 0], logs
 
 
-def test_two_processes_give_the_numbers_of_one(tmp_path, pm_dir):
-  """AugFL w/ PM (the main job) on digits: 2 processes x 2 devices against
-  the default one-process run; one run directory, written by process 0."""
-  pm = {"augfl.lam": 5.0, "pm.model": "mlp", "pm.dir": pm_dir}
-  codes, logs = _launch(2, 2, _flags(tmp_path / "two", **pm), tmp_path)
-  assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-  assert "client axis: sharded:map over 4 devices of 2 processes" in logs[0]
-  assert "final test-client accuracy" in logs[0]
-  assert "round" not in logs[1].replace("Gloo", "")  # one console
-  want = _one_process(tmp_path / "one", _flags(tmp_path / "one", **pm))
-  _assert_same_numbers(_records(tmp_path / "two"), want)
-  names = sorted(os.listdir(tmp_path / "two"))
-  assert names == sorted(os.listdir(tmp_path / "one")), names
-  steps = os.listdir(tmp_path / "two" / "checkpoints")
-  assert steps == ["step_2"], steps
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name, changes", [
     ("augfl_without_pm", {"augfl.lam": 0.0}),
@@ -229,20 +212,25 @@ def test_two_processes_give_the_numbers_of_one(tmp_path, pm_dir):
 ])
 def test_two_processes_match_one_with_four_devices_and_the_default(
     tmp_path, pm_dir, name, changes):
+  """On digits, 2 processes x 2 devices against 1 process x 4 devices and
+  the default one-process run; one run directory, written by process 0."""
   changes = changes or {"augfl.lam": 5.0, "pm.model": "mlp",
                         "pm.dir": pm_dir}
-  codes, logs = _launch(2, 2, _flags(tmp_path / "two", rounds=3, **changes),
-                        tmp_path)
+  two, four, one = (tmp_path / n for n in ("two", "four", "one"))
+  codes, logs = _launch(2, 2, _flags(two, rounds=3, **changes), tmp_path)
   assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-  four = tmp_path / "four"
+  assert "client axis: sharded:map over 4 devices of 2 processes" in logs[0]
+  assert "final test-client accuracy" in logs[0]
+  assert "round" not in logs[1].replace("Gloo", "")  # one console
   codes, logs4 = _launch(1, 4, _flags(four, rounds=3, strategy="sharded:map",
                                       **changes), tmp_path)
   assert codes == [0], logs4[0][-3000:]
-  want = _one_process(tmp_path / "one",
-                      _flags(tmp_path / "one", rounds=3, **changes))
+  want = _one_process(one, _flags(one, rounds=3, **changes))
   _assert_same_numbers(_records(four), want)
-  _assert_same_numbers(_records(tmp_path / "two"), want)
-  del name
+  _assert_same_numbers(_records(two), want)
+  assert sorted(os.listdir(two)) == sorted(os.listdir(one)), name
+  steps = os.listdir(two / "checkpoints")
+  assert steps == ["step_3"], steps
 
 
 @pytest.mark.slow
