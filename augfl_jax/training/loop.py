@@ -105,7 +105,7 @@ def run(config: RunConfig | Plan, output_dir: str,
   resuming.check_run_control(config, checkpoint_every, resume, overwrite,
                      resume_changes)
   if processes.count() > 1:  # process 0 writes; all run the client axis
-    if plan.pm_role != "none" and not checkpoint.exists(config.pm.dir):
+    if _pretrains_pm(plan):
       # Saving a checkpoint is a collective of every process (orbax): one
       # process cannot save the PM while the others wait for it.
       raise ValueError(
@@ -125,6 +125,12 @@ def run(config: RunConfig | Plan, output_dir: str,
     processes.sync("the run directory is locked")
     return _run_locked(plan, out, log, checkpoint_every, resume,
                        overwrite, resume_changes, transform_data, stop)
+
+
+def _pretrains_pm(plan: Plan) -> bool:
+  """Whether the run needs a PM and none is saved in ``pm.dir`` yet (the
+  run pretrains it)."""
+  return plan.pm_role != "none" and not checkpoint.exists(plan.config.pm.dir)
 
 
 def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
@@ -183,8 +189,7 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
                         checkpoints.path(resumed_from), log)
   log(description)
   kept = None if resumed_from is None else checkpoints.path(start_round)
-  new_pm = (plan.pm_role != "none" and
-            not checkpoint.exists(config.pm.dir))
+  new_pm = _pretrains_pm(plan)
   try:
     algo, params = wiring.build_algorithm(
         plan, fed, log, should_stop=lambda: stop.signum is not None)
