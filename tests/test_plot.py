@@ -575,3 +575,28 @@ def test_the_command_takes_the_figures_flags_and_refuses_bad_ones(tmp_path):
     assert result.stderr.count("\n") == 1 and not result.stdout
   assert sorted(os.listdir(tmp_path)) == ["c.svg", "runs"]
 
+
+@pytest.mark.slow
+def test_the_readmes_figure_is_made_by_the_command_beside_it(tmp_path):
+  """README's plot command writes the figure README shows (under 150 kB),
+  of the size its --figsize gives; run here on fake runs at its paths."""
+  text = open(os.path.join(ROOT, "README.md")).read()
+  command = re.search(r"```bash\n(python -m experiments\.plot .*?)```",
+                      text, re.S)[1]
+  args = command.replace("\\\n", " ").split()[3:]
+  output = next(a.partition("=")[2] for a in args
+                if a.startswith("--output="))
+  assert f"]({output})" in text  # the image README shows
+  shown = open(os.path.join(ROOT, output), "rb").read()
+  assert shown.startswith(b"\x89PNG\r\n\x1a\n") and len(shown) < 150_000
+  runs = [a for a in args if not a.startswith("--")]
+  assert runs == ["runs/digits_augfl_seed0", "runs/wo_pm"]
+  for run, lam in zip(runs, (5.0, 0.0)):
+    _run(tmp_path / run, _nested(lam), [0.5, 0.6, 0.7, 0.8], ci=0.1,
+         test_split=0.75)
+  (tmp_path / os.path.dirname(output)).mkdir(parents=True)
+  result = _cli(*args, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  made = (tmp_path / output).read_bytes()
+  assert struct.unpack(">II", made[16:24]) == struct.unpack(
+      ">II", shown[16:24])  # the same size: 7 x 2.6 inches at 150 dpi
