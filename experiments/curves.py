@@ -8,7 +8,7 @@ algorithm's label in ``augfl_jax.algorithms``, "AugFL w/ PM"; the
 algorithm's name where its section of ``config.json`` cannot be read), then
 the fields that differ between curves (one that changes only with the
 method, as AugFL's ``lam`` between "w/ PM" and "w/o PM", or a path, is
-named under the figure instead, unless needed to tell curves apart), and
+printed by experiments.plot instead, unless needed to tell curves apart), and
 a ``--label_by`` that would give two configurations one label is refused,
 naming the fields that differ. Flat and nested configs (``{"augfl":
 {"lam": 5}}``) are compared flattened (``augfl.lam``); an absent field
@@ -66,8 +66,8 @@ class Curve:
     test_split: ``test_split_accuracy``, ``test_split_ci_low``,
       ``test_split_ci_high`` ``[runs, len(test_split_rounds)]``, at the
       rounds where every run scored its test-split clients.
-    folded: the fields that also differ between curves, named under the
-      figure.
+    folded: the fields that also differ between curves, not in their
+      labels (``experiments.plot`` prints them).
     method: the method's name (:func:`method_name`), the label's start.
   """
   label: str

@@ -1,40 +1,54 @@
 r"""Learning curves of runs, like the paper's Fig. 2.
 
   python -m experiments.plot RUN_DIR [RUN_DIR ...] --output curves.png
+  python -m experiments.plot RUN_DIR ... --panels=accuracy,train_loss \
+      --figsize=7,2.5 --font_size=9 --output curves.pdf
 
 Each RUN_DIR is a run's output directory (``metrics.jsonl``, ``config.json``)
 or holds several (a sweep: one sub-directory per cell and seed).
-``--output`` names the figure's file, of a format matplotlib writes (.png,
-.pdf, .svg, ...), in a directory that exists; it is checked before any run
-is read.
+``--output`` names the figure's file, in a directory that exists; its
+suffix is its format, any that matplotlib writes: .png (at 150 dpi), .pdf
+(fonts embedded as TrueType), .svg, ...; one file a command. It is
+checked, and so are ``--panels``, ``--figsize`` and ``--font_size``,
+before any run is read.
 
 Runs are grouped into curves by :mod:`experiments.curves` (one
 configuration a curve, its repeats across seeds drawn together;
 re-exported here). A curve is labelled by its method's name ("AugFL w/ PM")
 and the fields that differ between curves, and says how many runs it
-draws ("3 seeds", "1 run").
+draws ("3 seeds", "1 run"); fields that differ only with the method (AugFL's
+``lam`` between "w/ PM" and "w/o PM") are printed by the command, not
+drawn.
 
-Panels: test-client accuracy (the protocol's held-out clients); the
-test-split accuracy (many clients from the dataset's test split, where the
-runs scored them); test loss (the query cross-entropy after adaptation, the
-same quantity for every method); training loss, a panel per algorithm,
-since each algorithm's is its own objective (AugFL's query loss after
-adaptation, FedAvg's local SGD loss, KT-only's R_h). Every panel spans the
-runs' rounds, from 0 to the last; a curve of fewer than four points is
-drawn as markers (with error bars for its band).
+Panels (``--panels``, in the order named; default: those the runs have
+values for), each with a plain y-axis label and the rounds on the x-axis:
+``accuracy``, the test clients' (the protocol's held-out clients);
+``test_split``, the test-split clients' (many clients from the dataset's
+test split, where the runs scored them); ``test_loss``, the test clients'
+(the query cross-entropy after adaptation, the same quantity for every
+method); ``train_loss``, a panel per algorithm, since each algorithm's is
+its own objective (AugFL's query loss after adaptation, FedAvg's local SGD
+loss, KT-only's R_h), on a log scale where positive. The panels fill a
+grid (a row of up to three; four as 2 x 2; a shorter last row centred),
+the legend under them. Every panel spans the runs' rounds, from 0 to the
+last; a curve of fewer than four points is drawn as markers with error
+bars, those of curves at one round side by side.
 
-Bands, per curve (its legend says which): a curve of several seeds is their
-mean with its 95% interval across seeds (Student's t, ``n - 1`` degrees of
-freedom; accuracies clipped to [0, 100%]); a curve of one run is the run's
-accuracy with its 95% interval across clients (as ``metrics.jsonl`` records
-it), and its losses without a band.
+Bands: a curve of several seeds is their mean with its 95% interval across
+seeds (Student's t, ``n - 1`` degrees of freedom); a curve of one run is
+the run's accuracy with its 95% interval across clients (as
+``metrics.jsonl`` records it), and its losses without a band. The legend's
+title says which, once. Accuracy bands are clipped to [0, 100%], loss
+bands at 0 (where no run's loss is negative).
 """
 
 from __future__ import annotations
 
+import logging as std_logging
 import math
 import os
 import sys
+import textwrap
 from typing import Sequence
 
 from absl import app
@@ -57,8 +71,9 @@ from experiments.curves import (ALGORITHM, DATASET, REPEAT_FIELDS,
 __all__ = [  # the grouping's names, re-exported
     "ALGORITHM", "DATASET", "REPEAT_FIELDS", "REPEAT_SECTIONS", "SEED",
     "Curve", "PlotError", "find_runs", "flatten", "group_curves", "load_run",
-    "band", "check_output", "legend_label", "make_figure", "plot_curves",
-    "main"]
+    "PANELS", "available_panels", "band", "band_caption", "check_figsize",
+    "check_font_size", "check_output", "check_panels", "legend_label",
+    "make_figure", "plot_curves", "write_figure", "main"]
 
 FLAGS = flags.FLAGS
 
@@ -73,8 +88,65 @@ FORMATS = tuple(
 _CLIENT_INTERVALS = {"accuracy": ("accuracy_ci_low", "accuracy_ci_high"),
                      "test_split_accuracy": ("test_split_ci_low",
                                              "test_split_ci_high")}
-ACROSS_SEEDS = "mean, 95% CI across seeds"
+ACROSS_SEEDS = "95% CI across seeds"
 ACROSS_CLIENTS = "95% CI across clients"
+NO_BAND = "one run, no band"
+
+# The panels --panels names, in the order they are drawn: name -> (the
+# metric, the panel's title, its y-axis label).
+PANELS = {
+    "accuracy": ("accuracy", "test clients", "accuracy (%)"),
+    "test_split": ("test_split_accuracy", "test-split clients",
+                   "accuracy (%)"),
+    "test_loss": ("test_loss", "test clients", "test loss"),
+    "train_loss": ("train_loss", "training clients", "training loss"),
+}
+DPI = 150  # of a raster format (.png, .jpg, ...)
+
+
+def check_panels(names: Sequence[str]) -> tuple[str, ...]:
+  """``names`` (each of :data:`PANELS`), in the order given, once each.
+
+  Raises:
+    PlotError: an unknown panel (one line naming the known ones).
+  """
+  for name in names:
+    if name not in PANELS:
+      raise PlotError(f"--panels: no panel {name!r}: name some of "
+                      f"{', '.join(PANELS)} (e.g. --panels=accuracy,"
+                      "train_loss)")
+  return tuple(dict.fromkeys(names))
+
+
+def check_figsize(figsize: Sequence[str | float]) -> tuple[float, float]:
+  """``(width, height)`` in inches of ``figsize``, two positive numbers
+  (``["7", "2.5"]`` as ``--figsize=7,2.5`` gives them).
+
+  Raises:
+    PlotError: anything else (one line).
+  """
+  try:
+    width, height = (float(v) for v in figsize)
+  except (TypeError, ValueError):
+    width = height = math.nan
+  if not all(math.isfinite(v) and v > 0 for v in (width, height)):
+    raise PlotError(f"--figsize={','.join(str(v) for v in figsize)}: give "
+                    "the figure's width and height in inches, two positive "
+                    "numbers (e.g. --figsize=7,2.5)")
+  return width, height
+
+
+def check_font_size(font_size: float) -> float:
+  """``font_size`` (points), a positive number.
+
+  Raises:
+    PlotError: anything else (one line).
+  """
+  if not (isinstance(font_size, (int, float)) and math.isfinite(font_size)
+          and font_size > 0):
+    raise PlotError(f"--font_size={font_size}: give the font size in "
+                    "points, a number greater than 0 (e.g. --font_size=9)")
+  return float(font_size)
 
 
 def _t_ends(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -94,111 +166,223 @@ def _t_ends(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def band(source: dict[str, np.ndarray], metric: str, scale: float):
   """``(mean, low, high, what)`` of ``source[metric]`` ``[runs, rounds]``:
-  several runs: their mean with its 95% t-interval across seeds (an
-  accuracy's clipped to [0, 100%]); one run: an accuracy with its recorded
-  95% interval across clients, else no band (``low``, ``high`` None)."""
+  several runs: their mean with its 95% t-interval across seeds
+  (:data:`ACROSS_SEEDS`); one run: an accuracy with its recorded 95%
+  interval across clients (:data:`ACROSS_CLIENTS`), else no band (``low``,
+  ``high`` None, :data:`NO_BAND`). A band is clipped to the values its
+  quantity takes: an accuracy's to [0, ``scale``], a loss's at 0 where
+  every run's loss is at least 0."""
   values = scale * source[metric]
   mean = values.mean(0)
   if len(values) >= 2:
-    low, high = _t_ends(values)
-    if metric in _CLIENT_INTERVALS:
-      low, high = np.clip(low, 0, scale), np.clip(high, 0, scale)
-    return mean, low, high, ACROSS_SEEDS
-  low, high = _CLIENT_INTERVALS.get(metric, (None, None))
-  if low in source and high in source:
-    return (mean, scale * source[low][0], scale * source[high][0],
-            ACROSS_CLIENTS)
-  return mean, None, None, "one run, no band"
+    (low, high), what = _t_ends(values), ACROSS_SEEDS
+  else:
+    keys = _CLIENT_INTERVALS.get(metric, ())
+    if not keys or not all(k in source for k in keys):
+      return mean, None, None, NO_BAND
+    low, high = (scale * source[k][0] for k in keys)
+    what = ACROSS_CLIENTS
+  if metric in _CLIENT_INTERVALS:
+    return mean, np.clip(low, 0, scale), np.clip(high, 0, scale), what
+  if np.all(values >= 0):
+    return mean, np.maximum(low, 0), np.maximum(high, 0), what
+  return mean, low, high, what
 
 
 def legend_label(curve: Curve) -> str:
-  """``curve``'s entry in the legend: its label, how many runs it draws,
-  and what its band is ("AugFL w/ PM (3 seeds: mean, 95% CI across
-  seeds)", "AugFL w/o PM (1 run, 95% CI across clients)")."""
-  if len(curve.runs) >= 2:
-    return f"{curve.label} ({len(curve.runs)} seeds: {ACROSS_SEEDS})"
-  recorded = any(low in source and high in source
-                 for source in (curve.metrics, curve.test_split)
-                 for low, high in _CLIENT_INTERVALS.values())
-  return f"{curve.label} (1 run" + (
-      f", {ACROSS_CLIENTS})" if recorded else ")")
+  """``curve``'s entry in the legend: its label and how many runs it draws
+  ("AugFL w/ PM (3 seeds)", "AugFL w/o PM (1 run)"); what its band is, the
+  legend's title says (:func:`band_caption`)."""
+  runs = len(curve.runs)
+  return f"{curve.label} ({runs} seeds)" if runs >= 2 else (
+      f"{curve.label} (1 run)")
+
+
+def band_caption(kinds: set[str], styles: set[str]) -> str:
+  """What the figure's bands are, said once (the legend's title): ``kinds``
+  the bands drawn (:data:`ACROSS_SEEDS`, :data:`ACROSS_CLIENTS`), ``styles``
+  how ("bands", "error bars"); "" for none."""
+  drawn = " and ".join(sorted(styles))
+  if kinds == {ACROSS_SEEDS}:
+    return f"lines: mean over seeds; {drawn}: {ACROSS_SEEDS}"
+  if kinds == {ACROSS_CLIENTS}:
+    return f"{drawn}: {ACROSS_CLIENTS}"
+  if kinds:
+    return (f"lines: mean over seeds (or 1 run); {drawn}: {ACROSS_SEEDS} "
+            "(or clients, for 1 run)")
+  return ""
 
 
 def _last_round(curves: Sequence[Curve]) -> int:
   return max(max(c.rounds + c.test_split_rounds) for c in curves)
 
 
-def make_figure(curves: Sequence[Curve], title: str = ""):
-  """Panels of accuracy, test-split accuracy, test loss, and training loss
-  per algorithm, one colour per curve throughout, one legend; every panel
-  spans rounds 0 to the runs' last; notes under the panels."""
-  algorithms = list(dict.fromkeys(c.algorithm for c in curves))
-  panels = [("accuracy", "test-client accuracy", None)]
-  if any(c.test_split for c in curves):
-    panels.append(("test_split_accuracy", "test-split clients' accuracy",
-                   None))
-  if any("test_loss" in c.metrics for c in curves):
-    panels.append(("test_loss", "test loss (query CE after adaptation)", None))
-  panels += [("train_loss", "training loss" + (
-      f": {a}" if len(algorithms) > 1 else ""), a) for a in algorithms]
-  ncols = min(3, len(panels))
-  nrows = math.ceil(len(panels) / ncols)
-  fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows),
-                           squeeze=False)
-  colors = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
-  last = _last_round(curves)
-  margin = max(0.02 * last, 0.5)  # a marker at an end is not cut in half
-  first = -margin if any(0 in c.rounds + c.test_split_rounds
-                         for c in curves) else 0
-  handles = {}
-  for ax, (metric, name, algorithm) in zip(axes.flat, panels):
-    scale, positive = (100.0 if "accuracy" in metric else 1.0), True
-    bands = set()
-    for k, curve in enumerate(curves):
-      test_split = metric.startswith("test_split")
-      source = curve.test_split if test_split else curve.metrics
-      if metric not in source or algorithm not in (None, curve.algorithm):
-        continue
-      rounds = curve.test_split_rounds if test_split else curve.rounds
-      mean, low, high, what = band(source, metric, scale)
-      bands.add(what)
-      positive &= bool(np.all(source[metric] > 0))
-      color = colors(k % colors.N)
-      few = len(rounds) < 4  # markers: a line of one point is not seen
-      if low is not None and few:  # error bars
-        (line, *_) = ax.errorbar(
-            rounds, mean, yerr=np.nan_to_num([mean - low, high - mean]),
-            color=color, marker="o", capsize=3)
-      else:
-        (line,) = ax.plot(rounds, mean, color=color,
-                          marker="o" if few else None)
-        if low is not None:
-          ax.fill_between(rounds, low, high, alpha=0.2, color=color)
-      handles.setdefault(k, (line, legend_label(curve)))
-    ax.set_xlim(first, last + margin)
-    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-    ax.set(title=name, xlabel="round", ylabel="; ".join(
-        ["accuracy (%)" if scale == 100 else "loss"] + sorted(bands)))
-    if metric == "train_loss" and positive:
-      ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-  for ax in axes.flat[len(panels):]:
-    ax.axis("off")
-  fig.legend(*zip(*(handles[k] for k in sorted(handles))), loc="center left",
-             bbox_to_anchor=(1.0, 0.5), fontsize="small")
-  notes = []
-  if len(algorithms) > 1:
-    notes.append("Training losses are each algorithm's own objective, not "
-                 "comparable across algorithms: one panel each.")
-  if curves[0].folded:
-    notes.append("Fields that also differ, along with those in the legend: "
-                 + ", ".join(curves[0].folded[:8])
-                 + (", ..." if len(curves[0].folded) > 8 else "."))
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  for i, note in enumerate(notes):  # under the panels (saved bbox "tight")
-    fig.text(0.01, -0.01 - 0.06 * i / nrows, note, va="top", fontsize="small")
+def _source(curve: Curve, metric: str) -> tuple[list[int], dict]:
+  """``(rounds, values)`` of ``curve`` where ``metric`` is."""
+  if metric.startswith("test_split"):
+    return curve.test_split_rounds, curve.test_split
+  return curve.rounds, curve.metrics
+
+
+def available_panels(curves: Sequence[Curve]) -> tuple[str, ...]:
+  """The :data:`PANELS` that some of ``curves`` have values for."""
+  return tuple(name for name, (metric, _, _) in PANELS.items()
+               if any(metric in _source(c, metric)[1] for c in curves))
+
+
+def _cells(curves: Sequence[Curve], panels: Sequence[str]) -> list[tuple]:
+  """``(metric, title, ylabel, algorithm)`` of each panel drawn: a
+  training-loss panel per algorithm (each algorithm's is its own
+  objective, not comparable with another's), titled by its method where
+  its curves have one ("FedAvg"), else by the algorithm ("augfl" for
+  "AugFL w/ PM" and "AugFL w/o PM"); ``algorithm`` None where every curve
+  is drawn."""
+  methods = {}  # algorithm -> its curves' methods
+  for c in curves:
+    if "train_loss" in c.metrics:
+      methods.setdefault(c.algorithm, set()).add(c.method or c.algorithm)
+  cells = []
+  for name in panels:
+    metric, title, ylabel = PANELS[name]
+    if name == "train_loss" and len(methods) > 1:
+      cells += [(metric, f"{title}: " + (
+          next(iter(names)) if len(names) == 1 else algorithm), ylabel,
+                 algorithm) for algorithm, names in methods.items()]
+    else:
+      cells.append((metric, title, ylabel, None))
+  return cells
+
+
+class _PlainLog(ticker.LogFormatter):
+  """A log axis's tick labels as plain numbers (0.5, 1, 10), not 5e-01 or
+  mathtext powers; which ticks are labelled, as matplotlib's."""
+
+  def _num_to_string(self, x, vmin, vmax):
+    del vmin, vmax  # the number alone
+    return f"{x:g}"
+
+
+def _grid(count: int) -> tuple[int, int]:
+  """``(rows, columns)`` for ``count`` panels: a row of up to 3, then rows
+  of 2 (4 panels) or 3."""
+  columns = count if count <= 3 else 2 if count == 4 else 3
+  return math.ceil(count / columns), columns
+
+
+def _legend(fig, handles: list, labels: list[str], caption: str):
+  """The figure's legend under its panels: its entries side by side, as
+  many as fit the figure's width, under ``caption`` (its title; on a line
+  a part, then wrapped shorter, where one line does not fit)."""
+  renderer = fig.canvas.get_renderer()
+  parts = caption.split("; ")
+  for title in dict.fromkeys([caption, "\n".join(parts)] + [
+      "\n".join(textwrap.fill(p, width) for p in parts)
+      for width in (40, 30, 20)]):
+    for columns in range(len(labels), 0, -1):
+      legend = fig.legend(handles, labels, loc="outside lower center",
+                          frameon=False, title=title or None, ncols=columns)
+      if legend.get_window_extent(renderer).width <= fig.bbox.width:
+        return legend
+      legend.remove()
+  return fig.legend(handles, labels, loc="outside lower center",
+                    frameon=False, title=title or None)  # wider than it
+
+
+def _draw_panel(ax, curves: Sequence[Curve], cell: tuple, colors,
+                step: float) -> list[tuple]:
+  """Draws ``cell``'s (:func:`_cells`) curves on ``ax``: each curve's
+  line, or markers with error bars where it has fewer than four points
+  (those of several curves ``step`` rounds apart, centred on their round),
+  its band. Returns ``(curve's index, its line, what its band is, how it
+  is drawn or None, x)`` per curve drawn."""
+  metric, title, ylabel, algorithm = cell
+  scale = 100.0 if "accuracy" in metric else 1.0
+  todo = []
+  for k, curve in enumerate(curves):
+    rounds, source = _source(curve, metric)
+    if metric in source and algorithm in (None, curve.algorithm):
+      todo.append((k, np.asarray(rounds, dtype=np.float64), source,
+                   *band(source, metric, scale)))
+  bars = [k for k, x, _, _, low, *_ in todo if low is not None and len(x) < 4]
+  drawn, positive = [], True
+  for k, x, source, mean, low, high, what in todo:
+    positive &= bool(np.all(source[metric] > 0))
+    color = colors(k % colors.N)
+    few = len(x) < 4  # markers: a line of one point is not seen
+    if k in bars:
+      x = x + (bars.index(k) - (len(bars) - 1) / 2) * step
+      (line, *_) = ax.errorbar(
+          x, mean, yerr=np.nan_to_num([mean - low, high - mean]),
+          color=color, marker="o", capsize=2.5, markersize=4)
+    else:
+      (line,) = ax.plot(x, mean, color=color, marker="o" if few else None,
+                        markersize=4)
+      if low is not None:
+        ax.fill_between(x, low, high, alpha=0.2, color=color, linewidth=0)
+    style = None if low is None else "error bars" if k in bars else "bands"
+    drawn.append((k, line, what, style, x))
+  ax.set(title=title, xlabel="round", ylabel=ylabel)
+  ax.xaxis.set_major_locator(ticker.MaxNLocator(
+      5, steps=[1, 2, 2.5, 5, 10], integer=True))
+  if metric == "train_loss" and positive:
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_PlainLog())
+    ax.yaxis.set_minor_formatter(_PlainLog(labelOnlyBase=False,
+                                           minor_thresholds=(1, 0.4)))
+  ax.grid(alpha=0.3)
+  return drawn
+
+
+def make_figure(curves: Sequence[Curve], title: str = "",
+                panels: Sequence[str] = (),
+                figsize: Sequence[float] | None = None,
+                font_size: float | None = None):
+  """The ``panels`` (:data:`PANELS`; default :func:`available_panels`) of
+  ``curves``, a grid that fits them (no empty cell; a shorter last row is
+  centred), one colour per curve throughout, one legend under the panels
+  whose title says what the bands are; ``figsize`` ``(width, height)`` in
+  inches (default by the grid), ``font_size`` in points (default
+  matplotlib's). Every panel spans rounds 0 to the runs' last; a curve of
+  fewer than four points is drawn as markers with error bars, those of
+  curves that share a round side by side.
+
+  Raises:
+    PlotError: a bad option, or a panel that no curve has values for.
+  """
+  have = available_panels(curves)
+  panels = check_panels(panels) if panels else have
+  missing = [p for p in panels if p not in have]
+  if missing:
+    raise PlotError(f"--panels: the runs have no {missing[0]} values (they "
+                    f"have: {', '.join(have)})")
+  cells = _cells(curves, panels)
+  rows, columns = _grid(len(cells))
+  rc = {} if font_size is None else {"font.size": check_font_size(font_size)}
+  figsize = check_figsize(figsize) if figsize is not None else (
+      3.2 * columns, 2.5 * rows + 0.7 + 0.3 * bool(title))
+  with plt.rc_context(rc):
+    fig = plt.figure(figsize=figsize, layout="constrained")
+    grid = fig.add_gridspec(rows, 2 * columns)  # a panel: two columns
+    colors = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
+    last = _last_round(curves)
+    drawn = []
+    for i, cell in enumerate(cells):
+      row, column = divmod(i, columns)
+      start = 2 * column + columns - min(columns, len(cells) - row * columns)
+      drawn += _draw_panel(fig.add_subplot(grid[row, start:start + 2]),
+                           curves, cell, colors, 0.03 * max(last, 1))
+    xs = np.concatenate([x for *_, x in drawn])
+    pad = max(0.02 * last, 0.5)  # a marker at an end is not cut in half
+    for ax in fig.axes:
+      ax.set_xlim(xs.min() - pad if xs.min() <= 0 else 0,
+                  max(xs.max(), last) + pad)
+    handles = {k: (line, legend_label(curves[k])) for k, line, *_ in
+               reversed(drawn)}  # each curve's first line
+    _legend(fig, *zip(*(handles[k] for k in sorted(handles))),
+            band_caption({what for _, _, what, style, _ in drawn if style},
+                         {style for *_, style, _ in drawn if style}))
+    if title:
+      fig.suptitle(title)
   return fig
 
 
@@ -219,15 +403,25 @@ def check_output(output: str) -> None:
                     "format matplotlib writes (." + ", .".join(FORMATS) + ")")
 
 
-def plot_curves(curves: Sequence[Curve], output: str, title: str = "") -> None:
-  """Writes ``make_figure(curves, title)`` to ``output`` (its format by its
-  suffix: :func:`check_output`)."""
+def plot_curves(curves: Sequence[Curve], output: str, title: str = "",
+                **options) -> None:
+  """Writes ``make_figure(curves, title, **options)`` (``panels``,
+  ``figsize``, ``font_size``) to ``output`` (:func:`write_figure`)."""
   check_output(output)
-  fig = make_figure(curves, title)
+  fig = make_figure(curves, title, **options)
   try:
-    fig.savefig(output, dpi=120, bbox_inches="tight")
+    write_figure(fig, output)
   finally:
     plt.close(fig)
+
+
+def write_figure(fig, output: str) -> None:
+  """Writes ``fig`` to ``output``, in the format its suffix names
+  (:func:`check_output`), of the figure's size: a PNG (or other raster) at
+  :data:`DPI`, a PDF or PostScript with TrueType fonts embedded (not Type
+  3, which some publishers refuse), an SVG with its text as paths."""
+  with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}):
+    fig.savefig(output, dpi=DPI)
 
 
 def parse_flags_and_paths(argv: list[str]) -> list[str]:
@@ -245,8 +439,18 @@ def parse_flags_and_paths(argv: list[str]) -> list[str]:
     sys.exit(2)
 
 
+def _figure_options() -> dict:
+  """``make_figure``'s options from ``--panels``, ``--figsize`` and
+  ``--font_size``, checked (:class:`PlotError`, one line)."""
+  return {"panels": check_panels(FLAGS.panels),
+          "figsize": check_figsize(FLAGS.figsize) if FLAGS.figsize else None,
+          "font_size": (None if FLAGS.font_size is None
+                        else check_font_size(FLAGS.font_size))}
+
+
 def _plot(paths: list[str]) -> None:
   check_output(FLAGS.output)
+  options = _figure_options()
   if not paths:
     raise PlotError("name the runs to plot: python -m experiments.plot "
                     "RUN_DIR [RUN_DIR ...] --output curves.png")
@@ -259,12 +463,17 @@ def _plot(paths: list[str]) -> None:
     raise PlotError(f"no run directories (with metrics.jsonl) under "
                     f"{' '.join(paths)}")
   curves = group_curves(runs, FLAGS.label_by)
-  plot_curves(curves, FLAGS.output, FLAGS.title)
+  plot_curves(curves, FLAGS.output, FLAGS.title, **options)
   print(f"{len(runs)} runs, {len(curves)} curves "
         f"({'; '.join(c.label for c in curves)}) -> {FLAGS.output}")
+  if curves[0].folded:
+    print("fields that also differ, with the method: "
+          + ", ".join(curves[0].folded))
 
 
 def main(argv: list[str]) -> None:
+  # fontTools, subsetting a PDF's fonts, logs each step at INFO
+  std_logging.getLogger("fontTools").setLevel(std_logging.WARNING)
   cli.run_command(lambda: _plot(argv[1:]))
 
 
@@ -276,4 +485,11 @@ if __name__ == "__main__":
                     "config fields that name a curve (dotted, e.g. augfl.lam, "
                     "or a field's last part); default: the fields that differ")
   flags.DEFINE_string("title", "", "figure title")
+  flags.DEFINE_list("panels", [], "the panels, in order, of "
+                    + ", ".join(PANELS) + " (train_loss: one per algorithm); "
+                    "default: those the runs have values for")
+  flags.DEFINE_list("figsize", [], "the figure's width and height in inches, "
+                    "e.g. 7,2.5; default: 3.2 by 2.5 a panel, and the legend")
+  flags.DEFINE_float("font_size", None, "the font size in points; default: "
+                     "matplotlib's (10)")
   app.run(main, flags_parser=parse_flags_and_paths)

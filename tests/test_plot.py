@@ -7,6 +7,7 @@ a torn last line of metrics.jsonl dropped."""
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -54,10 +55,22 @@ def _run(path, config, accuracies, train_loss=1.0, ci=None,
       "".join(json.dumps(r) + "\n" for r in records))
 
 
-def _cli(*args):
+def _cli(*args, cwd=ROOT):
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+      [ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
   return subprocess.run([sys.executable, "-m", "experiments.plot", *args],
-                        cwd=ROOT, capture_output=True, text=True, check=False,
-                        timeout=120)
+                        cwd=cwd, capture_output=True, text=True, check=False,
+                        timeout=120, env=env)
+
+
+def _inside(fig):
+  """Asserts that nothing of ``fig`` (its panels, labels, legend) lies
+  outside it, where a file of its size would cut it off."""
+  fig.canvas.draw()
+  box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+  width, height = fig.get_size_inches()
+  assert (box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width + 1e-9
+          and box.y1 <= height + 1e-9), (box, width, height)
 
 
 def _labels(tmp_path, label_by=None):
@@ -99,7 +112,8 @@ def test_seeds_are_one_band_over_their_common_rounds(tmp_path):
   assert curve.rounds == [10, 20]
   np.testing.assert_allclose(curve.metrics["accuracy"].mean(0), [0.4, 0.6])
   fig = plot.make_figure([curve])
-  assert any("95% CI across seeds" in ax.get_ylabel() for ax in fig.axes)
+  assert fig.legends[0].get_title().get_text() == (
+      "lines: mean over seeds; error bars: 95% CI across seeds")
   _run(tmp_path / "again" / "seed1", _config(seed=1), [0.3, 0.5])
   with pytest.raises(ValueError, match=r"seed \(1\): pass only one"):
     plot.group_curves(plot.find_runs([str(tmp_path)]))
@@ -171,14 +185,14 @@ def test_training_losses_of_different_algorithms_get_their_own_panels(
   assert labels == ["augfl, lam=0", "augfl, lam=5", "FedAvg"]
   fig = plot.make_figure(curves)
   titles = [ax.get_title() for ax in fig.axes if ax.has_data()]
-  assert titles == ["test-client accuracy",
-                    "test loss (query CE after adaptation)",
-                    "training loss: augfl", "training loss: fedavg"]
+  assert titles == ["test clients", "test clients",
+                    "training clients: augfl", "training clients: FedAvg"]
+  assert [ax.get_ylabel() for ax in fig.axes] == [
+      "accuracy (%)", "test loss", "training loss", "training loss"]
   for ax in fig.axes[2:4]:  # one algorithm's curves per training-loss panel
     assert len(ax.get_lines()) == (2 if ax.get_title().endswith("augfl") else 1)
-  text = " ".join(t.get_text() for t in fig.texts)
-  assert "not comparable across algorithms" in text
-  assert "also differ" in text and "lr" in text  # named, not hidden
+  assert not fig.texts  # no footnote: the panels' titles say it
+  assert "lr" in curves[0].folded  # named by the command, not hidden
 
 
 def test_one_algorithm_has_one_training_loss_panel(tmp_path):
@@ -186,8 +200,7 @@ def test_one_algorithm_has_one_training_loss_panel(tmp_path):
   _run(tmp_path / "b", _config(lam=5.0), [0.6])
   fig = plot.make_figure(_labels(tmp_path)[1], "title")
   assert [ax.get_title() for ax in fig.axes if ax.has_data()] == [
-      "test-client accuracy", "test loss (query CE after adaptation)",
-      "training loss"]
+      "test clients", "test clients", "training clients"]
   out = tmp_path / "curves.png"
   plot.plot_curves(_labels(tmp_path)[1], str(out), "title")
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -204,8 +217,7 @@ def test_another_algorithms_section_does_not_label_a_curve(tmp_path):
   labels, _ = _labels(tmp_path)
   # lam is implied by the method's name: named under the figure
   assert sorted(labels) == ["AugFL w/ PM", "AugFL w/o PM", "FedAvg"]
-  assert "lam" in " ".join(
-      t.get_text() for t in plot.make_figure(_labels(tmp_path)[1]).texts)
+  assert [c.folded for c in _labels(tmp_path)[1]] == [("lam",)] * 3
 
 
 def test_the_pm_sections_of_a_run_without_a_pm_are_not_compared(tmp_path):
@@ -228,9 +240,9 @@ def test_the_pm_sections_of_a_run_without_a_pm_are_not_compared(tmp_path):
 
 
 def test_curves_are_named_by_their_method_with_their_runs_and_band(tmp_path):
-  """The method's name from the registry, how many runs, and what the band
-  is, per curve: one run's interval across clients (its losses: none);
-  several seeds' mean with the t-interval across seeds."""
+  """The method's name from the registry and how many runs, per curve,
+  and what the bands are, once: one run's interval across clients (its
+  losses: none); several seeds' mean with the t-interval across seeds."""
   accuracies = {0: [0.5, 0.6, 0.7, 0.8], 1: [0.4, 0.6, 0.6, 0.9],
                 2: [0.6, 0.5, 0.8, 0.7]}
   for seed, acc in accuracies.items():
@@ -240,8 +252,18 @@ def test_curves_are_named_by_their_method_with_their_runs_and_band(tmp_path):
   assert labels == ["AugFL w/ PM", "AugFL w/o PM"]
   fig = plot.make_figure(curves)
   assert [t.get_text() for t in fig.legends[0].get_texts()] == [
-      "AugFL w/ PM (3 seeds: mean, 95% CI across seeds)",
-      "AugFL w/o PM (1 run, 95% CI across clients)"]
+      "AugFL w/ PM (3 seeds)", "AugFL w/o PM (1 run)"]
+  caption = ("lines: mean over seeds (or 1 run); bands: 95% CI across seeds "
+             "(or clients, for 1 run)")
+  assert fig.legends[0].get_title().get_text() == caption
+  _inside(fig)
+  narrow = plot.make_figure(curves, panels=["accuracy"])  # 3.2 inches
+  wrapped = narrow.legends[0].get_title().get_text()
+  assert wrapped.startswith("lines: mean over seeds (or 1 run)\nbands:")
+  assert wrapped.replace("\n", " ") == caption.replace("; ", " ")
+  assert wrapped.count("\n") == 2  # and the entries one above the other:
+  assert narrow.legends[0]._ncols == 1  # pylint: disable=protected-access
+  _inside(narrow)
   seeds, one = curves
   mean, low, high, what = plot.band(seeds.metrics, "accuracy", 100.0)
   column = [acc[1] for acc in accuracies.values()]
@@ -255,9 +277,8 @@ def test_curves_are_named_by_their_method_with_their_runs_and_band(tmp_path):
   np.testing.assert_allclose(high - mean, 10.0)
   assert plot.band(one.metrics, "test_loss", 1.0)[1:] == (
       None, None, "one run, no band")
-  loss = next(ax for ax in fig.axes if ax.get_title().startswith("test loss"))
-  assert "std" not in loss.get_ylabel()
-  assert "one run, no band" in loss.get_ylabel()
+  assert [ax.get_ylabel() for ax in fig.axes] == [
+      "accuracy (%)", "test loss", "training loss"]
 
 
 def test_a_config_that_cannot_be_read_is_named_by_its_algorithm(tmp_path):
@@ -281,7 +302,7 @@ def test_a_panel_of_single_points_spans_the_runs_rounds(tmp_path):
     if ax.has_data():
       low, high = ax.get_xlim()
       assert low == 0 and 20 < high < 22, ax.get_title()
-  split = next(ax for ax in fig.axes if ax.get_title().startswith("test-split"))
+  split = next(ax for ax in fig.axes if ax.get_title() == "test-split clients")
   line = split.get_lines()[0]  # then the error bar's caps
   assert line.get_marker() == "o" and list(line.get_xdata()) == [20]
 
@@ -372,3 +393,210 @@ def test_the_command_takes_paths_and_flags_and_fails_in_one_line(tmp_path):
     assert result.stderr.count("\n") == 1 and not result.stdout
   assert not os.path.exists(f"{tmp_path}.png")
   assert sorted(os.listdir(tmp_path)) == ["a", "c.png"]
+
+
+def _seeds(tmp_path, accuracies, test_split=None, **config):
+  """Runs of one configuration, a seed per row of ``accuracies``."""
+  for seed, acc in enumerate(accuracies):
+    _run(tmp_path / f"seed{seed}", _nested(5.0, seed, **config), acc,
+         train_loss=0.1 + 2 * seed, test_split=test_split)
+  return _labels(tmp_path)[1]
+
+
+def test_panels_are_chosen_and_the_grid_fits_them(tmp_path):
+  """By default the panels the runs have values for, else those named, in
+  their order; a training-loss panel per algorithm; no empty panel; axes
+  labelled plainly; a panel without values, or an unknown one, refused."""
+  _run(tmp_path / "a" / "pm", _nested(5.0), [0.5, 0.6], test_split=0.7)
+  _run(tmp_path / "a" / "nopm", _nested(0.0), [0.4, 0.5], test_split=0.6)
+  curves = _labels(tmp_path / "a")[1]
+  assert plot.available_panels(curves) == (
+      "accuracy", "test_split", "test_loss", "train_loss")
+  for panels, ylabels in [
+      ((), ["accuracy (%)", "accuracy (%)", "test loss", "training loss"]),
+      (["train_loss", "accuracy"], ["training loss", "accuracy (%)"]),
+      (["test_split"], ["accuracy (%)"])]:
+    fig = plot.make_figure(curves, panels=panels)
+    assert [ax.get_ylabel() for ax in fig.axes] == ylabels
+    assert all(ax.has_data() and ax.get_xlabel() == "round"
+               for ax in fig.axes)
+    _inside(fig)
+  fig = plot.make_figure(curves)  # 4 panels: 2 by 2
+  assert sorted({ax.get_subplotspec().rowspan.start for ax in fig.axes}) == [
+      0, 1]
+  _run(tmp_path / "b" / "fedavg", _config(algorithm="fedavg"), [0.4])
+  _run(tmp_path / "b" / "per_fedavg", _config(algorithm="per_fedavg"), [0.4])
+  _run(tmp_path / "b" / "augfl", _config(), [0.5])
+  fig = plot.make_figure(_labels(tmp_path / "b")[1])  # 5 panels: 3 + 2
+  assert [ax.get_title() for ax in fig.axes] == [
+      "test clients", "test clients", "training clients: augfl",
+      "training clients: FedAvg", "training clients: Per-FedAvg"]
+  assert all(ax.has_data() for ax in fig.axes)
+  centred = [ax.get_subplotspec().colspan for ax in fig.axes[3:]]
+  assert [(c.start, c.stop) for c in centred] == [(1, 3), (3, 5)]
+  _inside(fig)
+  with pytest.raises(plot.PlotError, match="the runs have no test_split "
+                     "values .they have: accuracy, test_loss, train_loss."):
+    plot.make_figure(_labels(tmp_path / "b")[1], panels=["test_split"])
+  with pytest.raises(plot.PlotError, match="no panel 'loss': name some of "
+                     "accuracy, test_split, test_loss, train_loss"):
+    plot.make_figure(curves, panels=["accuracy", "loss"])
+
+
+def test_the_bands_are_said_once_and_clipped_to_their_range(tmp_path):
+  """Two seeds far apart: their t-intervals reach below 0 and above 100%;
+  the loss bands stop at 0 and the accuracy bands at [0, 100], drawn as
+  bands (4 rounds) or error bars (fewer), named in the legend's title
+  only."""
+  curves = _seeds(tmp_path / "bands", [[0.05, 0.1, 0.2, 0.3],
+                                       [0.95, 0.99, 0.99, 1.0]])
+  mean, low, high, what = plot.band(curves[0].metrics, "test_loss", 1.0)
+  assert what == plot.ACROSS_SEEDS and low.min() == 0 and mean.min() > 0
+  fig = plot.make_figure(curves, panels=["accuracy", "test_loss"])
+  accuracy, loss = fig.axes
+  for ax, (bottom, top) in ((accuracy, (0, 100)), (loss, (0, np.inf))):
+    (fill,) = ax.collections
+    y = fill.get_paths()[0].vertices[:, 1]
+    assert bottom <= y.min() and y.max() <= top
+    assert ax.get_ylabel() in ("accuracy (%)", "test loss")
+  assert y.min() == 0  # the loss band reached 0
+  assert fig.legends[0].get_title().get_text() == (
+      "lines: mean over seeds; bands: 95% CI across seeds")
+  assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+      "AugFL w/ PM (2 seeds)"]
+  fig = plot.make_figure(_seeds(tmp_path / "bars", [[0.05, 0.1],
+                                                    [0.95, 0.99]]),
+                         panels=["accuracy", "test_loss"])
+  for ax, (bottom, top) in zip(fig.axes, ((0, 100), (0, np.inf))):
+    (bars,) = ax.collections  # error bars
+    y = np.concatenate(bars.get_segments())[:, 1]
+    assert bottom <= y.min() and y.max() <= top
+  assert y.min() == 0
+  assert fig.legends[0].get_title().get_text() == (
+      "lines: mean over seeds; error bars: 95% CI across seeds")
+
+
+def test_error_bars_of_curves_at_one_round_are_side_by_side(tmp_path):
+  """Curves of fewer than four points share their rounds: their error bars
+  are dodged (centred on the round), a line's are not."""
+  for lam in (0.0, 5.0, 10.0):
+    _run(tmp_path / f"lam{lam:g}", _nested(lam), [0.5, 0.6], ci=0.1,
+         test_split=0.7)
+  fig = plot.make_figure(_labels(tmp_path)[1], panels=["accuracy",
+                                                       "test_split"])
+  for ax, rounds in zip(fig.axes, ([10, 20], [20])):
+    xs = np.array([c.lines[0].get_xdata() for c in ax.containers])
+    assert xs.shape == (3, len(rounds))
+    for column, round_ in zip(xs.T, rounds):  # one round: three places
+      assert len(set(column)) == 3 and np.mean(column) == pytest.approx(round_)
+    low, high = ax.get_xlim()  # every bar inside the axes
+    assert low == 0 and xs.max() < high
+  fig = plot.make_figure(_labels(tmp_path / "lam0")[1])
+  assert list(fig.axes[0].containers[0].lines[0].get_xdata()) == [10, 20]
+
+
+def test_figure_size_and_font_size(tmp_path):
+  """--figsize is the figure's size in inches; --font_size every text's
+  size (ticks drawn after the figure is made included); by default
+  3.2 x 2.5 inches a panel, and matplotlib's font size."""
+  _run(tmp_path / "a", _nested(5.0), [0.5, 0.6, 0.7, 0.8], ci=0.1)
+  curves = _labels(tmp_path)[1]
+  fig = plot.make_figure(curves, "title", panels=["accuracy", "train_loss"],
+                         figsize=["5", "2"], font_size=7)
+  assert tuple(fig.get_size_inches()) == (5, 2)
+  fig.canvas.draw()
+  texts = [fig.legends[0].get_texts()[0], fig.legends[0].get_title()]
+  for ax in fig.axes:
+    texts += [ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(),
+              *ax.get_yticklabels()]
+  assert {t.get_fontsize() for t in texts if t.get_text()} == {7}
+  assert fig.axes[0].title.get_fontsize() > 7  # larger than the rest
+  _inside(fig)
+  fig = plot.make_figure(curves)
+  assert fig.get_size_inches()[0] == pytest.approx(3 * 3.2)
+  assert fig.axes[0].yaxis.label.get_fontsize() == 10
+  for figsize in (["7"], ["7", "x"], [0, 2], ["7", "-1"], ["inf", "2"]):
+    with pytest.raises(plot.PlotError, match="--figsize=.*: give the "
+                       r"figure's width and height in inches, .*e\.g\."):
+      plot.make_figure(curves, figsize=figsize)
+  for size in (0, -1.0, float("nan")):
+    with pytest.raises(plot.PlotError, match=r"--font_size=.*: give the "
+                       "font size in points, a number greater than 0"):
+      plot.make_figure(curves, font_size=size)
+
+
+def test_pdf_and_svg_are_written_by_the_outputs_suffix(tmp_path):
+  """The format is the output's suffix: PDF (TrueType fonts, no Type 3),
+  SVG and PNG, each starting with its magic bytes, of the figure's size."""
+  _run(tmp_path / "run", _nested(5.0), [0.5, 0.6], ci=0.1, test_split=0.7)
+  curves = _labels(tmp_path / "run")[1]
+  for name, magic in (("c.pdf", b"%PDF-"), ("c.svg", b"<?xml"),
+                      ("c.png", b"\x89PNG\r\n\x1a\n")):
+    plot.plot_curves(curves, str(tmp_path / name), panels=["accuracy"],
+                     figsize=(3, 2.5), font_size=8)
+    data = (tmp_path / name).read_bytes()
+    assert data.startswith(magic), name
+  assert b"<svg" in (tmp_path / "c.svg").read_bytes()
+  assert b'width="216pt" height="180pt"' in (tmp_path / "c.svg").read_bytes()
+  png = (tmp_path / "c.png").read_bytes()
+  assert struct.unpack(">II", png[16:24]) == (3 * plot.DPI, 2.5 * plot.DPI)
+  pdf = (tmp_path / "c.pdf").read_bytes()
+  assert b"/TrueType" in pdf or b"/CIDFontType2" in pdf
+  assert b"/Type3" not in pdf
+
+
+@pytest.mark.slow
+def test_the_command_takes_the_figures_flags_and_refuses_bad_ones(tmp_path):
+  """--panels, --figsize, --font_size and the format by --output's suffix;
+  an unknown panel, one the runs have no values for, a bad size or font
+  size: one line, exit 2, nothing written; the fields that differ only
+  with the method are printed, not drawn."""
+  _run(tmp_path / "runs" / "pm", _nested(5.0), [0.5, 0.6], ci=0.1)
+  _run(tmp_path / "runs" / "nopm", _nested(0.0), [0.4, 0.5], ci=0.1)
+  runs = str(tmp_path / "runs")
+  out = tmp_path / "c.svg"
+  result = _cli(runs, "--panels=accuracy,train_loss", "--figsize=6,2.5",
+                "--font_size=8", f"--output={out}")
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines()[-1] == (
+      "fields that also differ, with the method: lam")
+  assert out.read_bytes().startswith(b"<?xml") and b"<svg" in out.read_bytes()
+  assert 'width="432pt" height="180pt"' in out.read_text()  # 6 x 2.5 in
+  for args, message in [
+      (("--panels=accuracy,loss",), "--panels: no panel 'loss': name some of"),
+      (("--panels=test_split",), "the runs have no test_split values"),
+      (("--figsize=7",), "--figsize=7: give the figure's width and height"),
+      (("--figsize=7,0",), "--figsize=7,0: give"),
+      (("--font_size=0",), "--font_size=0.0: give the font size in points"),
+      (("--font_size=big",), "font_size")]:
+    result = _cli(runs, *args, f"--output={tmp_path / 'd.png'}")
+    assert result.returncode == 2, (args, result.stderr)
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and not result.stdout
+  assert sorted(os.listdir(tmp_path)) == ["c.svg", "runs"]
+
+
+@pytest.mark.slow
+def test_the_readmes_figure_is_made_by_the_command_beside_it(tmp_path):
+  """README's plot command writes the figure README shows (under 150 kB),
+  of the size its --figsize gives; run here on fake runs at its paths."""
+  text = open(os.path.join(ROOT, "README.md")).read()
+  command = re.search(r"```bash\n(python -m experiments\.plot .*?)```",
+                      text, re.S)[1]
+  args = command.replace("\\\n", " ").split()[3:]
+  output = next(a.partition("=")[2] for a in args
+                if a.startswith("--output="))
+  assert f"]({output})" in text  # the image README shows
+  shown = open(os.path.join(ROOT, output), "rb").read()
+  assert shown.startswith(b"\x89PNG\r\n\x1a\n") and len(shown) < 150_000
+  runs = [a for a in args if not a.startswith("--")]
+  assert runs == ["runs/digits_augfl_seed0", "runs/wo_pm"]
+  for run, lam in zip(runs, (5.0, 0.0)):
+    _run(tmp_path / run, _nested(lam), [0.5, 0.6, 0.7, 0.8], ci=0.1,
+         test_split=0.75)
+  (tmp_path / os.path.dirname(output)).mkdir(parents=True)
+  result = _cli(*args, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  made = (tmp_path / output).read_bytes()
+  assert struct.unpack(">II", made[16:24]) == struct.unpack(
+      ">II", shown[16:24])  # the same size: 7 x 2.6 inches at 150 dpi
