@@ -67,6 +67,11 @@ class AugFLConfig(fields.Config):
       "parameters and the HVP is finite_difference)",
       choices=("auto", "factored", "materialised"),
       absent="materialised")  # runs saved before the field were
+  diagnostics: bool = field(False, "also record, each round, the training "
+      "clients' support and query losses before and after their adaptation "
+      "step (one more support gradient and three forward passes a client: "
+      "about a third more per round); the server step's norms are recorded "
+      "always", resume="free")
 
 
 @flax.struct.dataclass
