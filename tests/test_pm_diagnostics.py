@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from augfl_jax import models
@@ -119,3 +120,54 @@ def test_diagnostics_off_records_no_client_losses_and_change_no_round():
 def test_diagnostics_is_a_free_field_on_resume():
   from augfl_jax.core import fields  # pylint: disable=g-import-not-at-top
   assert "diagnostics" in fields.select(augfl.AugFLConfig(), resume="free")
+
+
+def test_reg_scale_warms_lam_up_and_bounds_the_step():
+  grad = {"w": jnp.asarray([3.0, 4.0])}  # norm 5
+  config = augfl.AugFLConfig(lam=2.0, lam_warmup=4)
+  # lam_t = lam min(1, t / 4); rho_sum 10: step norm lam_t * 5 / 10
+  for t, expected in [(1, 0.25), (2, 0.5), (4, 1.0), (9, 1.0)]:
+    np.testing.assert_allclose(
+        pm_aided.reg_scale(jnp.asarray(t), grad, config, 10.0), expected)
+  bounded = augfl.AugFLConfig(lam=2.0, reg_max_norm=0.5)  # step 1.0 > 0.5
+  np.testing.assert_allclose(
+      pm_aided.reg_scale(jnp.asarray(1), grad, bounded, 10.0), 0.5)
+  short = augfl.AugFLConfig(lam=2.0, reg_max_norm=3.0)  # step 1.0 <= 3
+  np.testing.assert_allclose(
+      pm_aided.reg_scale(jnp.asarray(1), grad, short, 10.0), 1.0)
+  both = augfl.AugFLConfig(lam=2.0, lam_warmup=2, reg_max_norm=0.25)
+  # t = 1: warmed step 0.5, bounded to 0.25: 0.5 * 0.5
+  np.testing.assert_allclose(
+      pm_aided.reg_scale(jnp.asarray(1), grad, both, 10.0), 0.25)
+
+
+@pytest.mark.parametrize("options", [dict(lam_warmup=3),
+                                     dict(reg_max_norm=0.01)])
+def test_the_options_scale_the_server_steps_r_h_part(options):
+  """theta^{t+1} with an option equals the paper's round given the scaled
+  gradient: the round of a regulariser whose gradient is reg_scale times
+  the PM's."""
+  model = MLP(num_classes=tiny.K, hidden=(6,))
+  params = models.init_params(model, jax.random.key(0), (tiny.D,))
+  reg_grad = jax.tree.map(lambda p: jnp.full_like(p, 0.3), params)
+  clients = tiny.client_data(num_clients=C)
+
+  def algo(config, factor):
+    pm = (lambda key, p: jnp.zeros(()),
+          lambda p, s: (optax.tree.scale(factor, reg_grad), s, {}))
+    return pm_aided.augfl_pm(model, config, strategy="vmap", pm=pm)
+
+  base = dict(lam=2.0, rho=0.7, alpha=0.05, dense_updates="materialised")
+  with_option = algo(augfl.AugFLConfig(**base, **options), 1.0)
+  state = with_option.init_from_clients(params, clients, jax.random.key(1),
+                                        False)
+  new, metrics = with_option.round(state, clients)
+  scale = float(metrics["server_reg_scale"])
+  assert 0 < scale < 1
+  paper = algo(augfl.AugFLConfig(**base), scale)
+  expected, paper_metrics = paper.round(state, clients)
+  chex.assert_trees_all_close(new.augfl.params, expected.augfl.params,
+                              rtol=1e-6, atol=1e-7)
+  assert "server_reg_scale" not in paper_metrics
+  if "reg_max_norm" in options:
+    np.testing.assert_allclose(metrics["server_reg_norm"], 0.01, rtol=1e-5)

@@ -16,12 +16,17 @@ method's ``init_from_clients``) makes when ``config.dense_updates`` resolves
 to ``factored`` (``factored.configured_state``; ``init``, which has no
 client data, makes a materialised state).
 
+Two options outside the paper shrink the server's R_h step in the first
+rounds or bound it (``lam_warmup``, ``reg_max_norm``: :func:`reg_scale`);
+both off, the round is the paper's to the last bit.
+
 Held-out clients: fast adaptation of the meta-model (``augfl_jax.
 evaluation``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -39,7 +44,7 @@ from augfl_jax.core.types import ClientData, Params
 
 __all__ = [
     "adaptation_losses", "augfl_pm", "kt_only", "kt_only_step", "label",
-    "PMAidedState", "server_step_norms", "SPECS", "uses_pm"
+    "PMAidedState", "reg_scale", "server_step_norms", "SPECS", "uses_pm"
 ]
 
 
@@ -75,6 +80,20 @@ def kt_only_step(state: augfl.AugFLState, reg_grad, config: augfl.AugFLConfig,
   scale = config.lam / (config.rho * clients.num_examples.shape[0])
   return state.replace(params=_kt_only_params(state.params, reg_grad, scale),
                        round=state.round + 1)
+
+
+def reg_scale(t: jax.Array, reg_grad: Params, config: augfl.AugFLConfig,
+              rho_sum: float) -> jax.Array:
+  """The factor on ``grad R_h`` in round ``t`` (1-based) of the two
+  options outside the paper: ``min(1, t / K)`` for ``lam_warmup = K``,
+  times ``min(1, B / (lam_t ||grad R_h|| / rho_sum))`` for ``reg_max_norm
+  = B`` (``lam_t`` the warmed-up weight). 1 with both off."""
+  warm = (jnp.minimum(1.0, t / config.lam_warmup) if config.lam_warmup
+          else jnp.ones(()))
+  step = warm * config.lam / rho_sum * optax.tree.norm(reg_grad)
+  bound = jnp.where(step > config.reg_max_norm,
+                    config.reg_max_norm / jnp.maximum(step, 1e-30), 1.0)
+  return (warm * bound).astype(jnp.result_type(*jax.tree.leaves(reg_grad)))
 
 
 def server_step_norms(params: Params, new_params: Params,
@@ -172,9 +191,15 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
 
   def round_(state: PMAidedState, clients: ClientData, participants=None):
     reg_grad, transfer, metrics = None, state.transfer, {}
+    rho_sum = config.rho * clients.num_examples.shape[0]
     if reg_grad_fn is not None and config.lam > 0:
       reg_grad, transfer, kt = reg_grad_fn(state.augfl.params, transfer)
       metrics = {f"kt_{k}": v for k, v in kt.items()}
+      if config.lam_warmup or config.reg_max_norm < math.inf:
+        scale = reg_scale(state.augfl.round + 1, reg_grad, config,
+                          rho_sum)
+        reg_grad = optax.tree.scale(scale, reg_grad)
+        metrics["server_reg_scale"] = scale
     if config.diagnostics:
       metrics.update(adaptation_losses(loss_fn, state.augfl.params, clients,
                                        config, strategy))
@@ -185,7 +210,6 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
       new, round_metrics = round_fn(state.augfl, clients, reg_grad,
                                     participants)
       metrics.update(round_metrics)
-    rho_sum = config.rho * clients.num_examples.shape[0]
     metrics.update(server_step_norms(
         state.augfl.params, new.params,
         None if reg_grad is None else (reg_grad, config.lam / rho_sum)))
