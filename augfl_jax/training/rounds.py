@@ -227,7 +227,7 @@ class RoundLoop:
         line = f"round {r:4d}/{loop.rounds}  train loss {loss:.4f}"
         evaluating = loop.evaluates(r)
         if evaluating:
-          line += self._evaluate(r, state, metrics_file)
+          line += self._evaluate(r, state, metrics_file, train=values)
         self.done = r
         if (evaluating or r == start_round + 1 or
             time.perf_counter() - last_line >= LOG_SECONDS):
@@ -282,11 +282,13 @@ class RoundLoop:
         f" Continue it with --resume {advice}; or check those clients' "
         "data")
 
-  def _evaluate(self, r: int, state: Any, metrics_file) -> str:
+  def _evaluate(self, r: int, state: Any, metrics_file,
+                train: dict[str, float] | None = None) -> str:
     """Scores the held-out clients after round ``r`` (and the test-split
     clients after the last round and every ``test_split_every``): a record
     in the history, ``metrics.jsonl`` and the events; the log line's
-    end."""
+    end. ``train``: round ``r``'s scalar training metrics, kept in the
+    record as ``train``."""
     ev = self.scorers.heldout(state)
     values = scoring.scalars(ev)
     if not all(np.isfinite(v) for v in values.values()):
@@ -299,6 +301,8 @@ class RoundLoop:
     record = scoring.heldout_record(ev, self.scorers.heldout_counts,
                                     self.scorers.heldout_digest, r,
                                     self.train_losses)
+    if train is not None:
+      record["train"] = train
     line = (f" (mean over rounds {since + 1}-{r}: "
             f"{record['mean_train_loss']:.4f}); test-client accuracy "
             f"{interval.format()} (95% CI across "

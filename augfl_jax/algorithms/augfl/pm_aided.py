@@ -16,28 +16,35 @@ method's ``init_from_clients``) makes when ``config.dense_updates`` resolves
 to ``factored`` (``factored.configured_state``; ``init``, which has no
 client data, makes a materialised state).
 
+Two options outside the paper shrink the server's R_h step in the first
+rounds or bound it (``lam_warmup``, ``reg_max_norm``: :func:`reg_scale`);
+both off, the round is the paper's to the last bit.
+
 Held-out clients: fast adaptation of the meta-model (``augfl_jax.
 evaluation``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
 import flax.struct
 import jax
+import jax.numpy as jnp
+import optax
 
 from augfl_jax.algorithms.augfl import factored
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
 from augfl_jax.algorithms import base
-from augfl_jax.core.types import ClientData
+from augfl_jax.core.types import ClientData, Params
 
 __all__ = [
-    "augfl_pm", "kt_only", "kt_only_step", "label", "PMAidedState", "SPECS",
-    "uses_pm"
+    "adaptation_losses", "augfl_pm", "kt_only", "kt_only_step", "label",
+    "PMAidedState", "reg_scale", "server_step_norms", "SPECS", "uses_pm"
 ]
 
 
@@ -75,6 +82,77 @@ def kt_only_step(state: augfl.AugFLState, reg_grad, config: augfl.AugFLConfig,
                        round=state.round + 1)
 
 
+def reg_scale(t: jax.Array, reg_grad: Params, config: augfl.AugFLConfig,
+              rho_sum: float) -> jax.Array:
+  """The factor on ``grad R_h`` in round ``t`` (1-based) of the two
+  options outside the paper: ``min(1, t / K)`` for ``lam_warmup = K``,
+  times ``min(1, B / (lam_t ||grad R_h|| / rho_sum))`` for ``reg_max_norm
+  = B`` (``lam_t`` the warmed-up weight). 1 with both off."""
+  warm = (jnp.minimum(1.0, t / config.lam_warmup) if config.lam_warmup
+          else jnp.ones(()))
+  step = warm * config.lam / rho_sum * optax.tree.norm(reg_grad)
+  bound = jnp.where(step > config.reg_max_norm,
+                    config.reg_max_norm / jnp.maximum(step, 1e-30), 1.0)
+  return (warm * bound).astype(jnp.result_type(*jax.tree.leaves(reg_grad)))
+
+
+def server_step_norms(params: Params, new_params: Params,
+                      regularizer: tuple[Params, float] | None
+                     ) -> dict[str, jax.Array]:
+  """The norms of Eq. (13)'s parts, for one round.
+
+  Eq. (13) moves theta^t by two parts, ``theta^{t+1} - theta^t = (c -
+  theta^t) - s grad R_h`` with ``c = sum_i (y_i + rho_i theta_i) / sum_i
+  rho_i`` (the clients' consensus) and ``s = lam / sum_i rho_i``.
+
+  Args:
+    params: theta^t.
+    new_params: theta^{t+1}.
+    regularizer: ``(grad R_h(theta^t), s)``, or None without R_h.
+
+  Returns:
+    Scalars: ``server_update_norm`` ``||theta^{t+1} - theta^t||``,
+    ``server_consensus_norm`` ``||c - theta^t||`` and
+    ``server_reg_norm`` ``||s grad R_h||`` (0 without R_h), all global
+    L2 norms over every leaf.
+  """
+  update = optax.tree.sub(new_params, params)
+  reg_step = (optax.tree.zeros_like(update) if regularizer is None else
+              optax.tree.scale(regularizer[1], regularizer[0]))
+  return {"server_update_norm": optax.tree.norm(update),
+          "server_consensus_norm": optax.tree.norm(
+              optax.tree.add(update, reg_step)),
+          "server_reg_norm": optax.tree.norm(reg_step)}
+
+
+def adaptation_losses(loss_fn, params: Params, clients: ClientData,
+                      config: augfl.AugFLConfig,
+                      strategy: clients_lib.ClientStrategy
+                     ) -> dict[str, jax.Array]:
+  """Every training client's losses around its adaptation step (7), ``phi_i
+  = theta - alpha grad L(theta, D_i^s)``, weighted by ``w_i`` as the
+  round's ``loss`` is (``augfl.client_weights``).
+
+  Returns:
+    Scalars ``adapt_support_before`` ``L(theta, D^s)``,
+    ``adapt_support_after`` ``L(phi, D^s)``, ``adapt_query_before``
+    ``L(theta, D^q)`` and ``adapt_query_after`` ``L(phi, D^q)`` (the last
+    equals the round's ``loss`` under full participation).
+  """
+  def one_client(c):
+    support_before, g_s = jax.value_and_grad(loss_fn)(params, c.support)
+    phi = optax.tree.add_scale(params, -config.alpha, g_s)
+    return jnp.stack([support_before, loss_fn(phi, c.support),
+                      loss_fn(params, c.query), loss_fn(phi, c.query)])
+
+  losses = clients_lib.map_clients(one_client, clients, strategy)  # [C, 4]
+  w = augfl.client_weights(clients.num_examples, config.uniform_weights)
+  means = w @ losses / jnp.sum(w)
+  names = ("adapt_support_before", "adapt_support_after",
+           "adapt_query_before", "adapt_query_after")
+  return dict(zip(names, means))
+
+
 def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
              strategy: base.Strategy = None, eval_alpha: float = 0.03,
              eval_steps: int = 1, pm: base.Regularizer | None = None,
@@ -87,7 +165,10 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
   a Python loop).
 
   Metrics of a round: AugFL's (``augfl.make_round``; KT-only: ``loss`` is
-  ``R_h``) and the regulariser's, prefixed ``kt_``.
+  ``R_h``), the regulariser's, prefixed ``kt_``, the norms of the server
+  step's parts (:func:`server_step_norms`) and, with
+  ``config.diagnostics``, the clients' losses around their adaptation step
+  (:func:`adaptation_losses`).
   """
   name = "kt_only" if kt_only else "augfl"
   if config.lam > 0 and pm is None:
@@ -110,16 +191,28 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
 
   def round_(state: PMAidedState, clients: ClientData, participants=None):
     reg_grad, transfer, metrics = None, state.transfer, {}
+    rho_sum = config.rho * clients.num_examples.shape[0]
     if reg_grad_fn is not None and config.lam > 0:
       reg_grad, transfer, kt = reg_grad_fn(state.augfl.params, transfer)
       metrics = {f"kt_{k}": v for k, v in kt.items()}
+      if config.lam_warmup or config.reg_max_norm < math.inf:
+        scale = reg_scale(state.augfl.round + 1, reg_grad, config,
+                          rho_sum)
+        reg_grad = optax.tree.scale(scale, reg_grad)
+        metrics["server_reg_scale"] = scale
+    if config.diagnostics:
+      metrics.update(adaptation_losses(loss_fn, state.augfl.params, clients,
+                                       config, strategy))
     if kt_only:
       new = kt_only_step(state.augfl, reg_grad, config, clients)
-      metrics["loss"] = metrics.get("kt_r_h", jax.numpy.zeros(()))
+      metrics["loss"] = metrics.get("kt_r_h", jnp.zeros(()))
     else:
       new, round_metrics = round_fn(state.augfl, clients, reg_grad,
                                     participants)
       metrics.update(round_metrics)
+    metrics.update(server_step_norms(
+        state.augfl.params, new.params,
+        None if reg_grad is None else (reg_grad, config.lam / rho_sum)))
     return PMAidedState(augfl=new, transfer=transfer), metrics
 
   params_of = lambda state: state.augfl.params

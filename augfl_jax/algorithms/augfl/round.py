@@ -19,6 +19,7 @@ A client that never took part contributes ``y_i = 0, theta_i = theta^0``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import flax.struct
@@ -67,6 +68,18 @@ class AugFLConfig(fields.Config):
       "parameters and the HVP is finite_difference)",
       choices=("auto", "factored", "materialised"),
       absent="materialised")  # runs saved before the field were
+  lam_warmup: int = field(0, "rounds K over which the weight of R_h rises "
+      "linearly, lam_t = lam min(1, t / K) in round t; 0: lam from round 1 "
+      "(the paper's)", ge=0, resume="named")
+  reg_max_norm: float = field(math.inf, "bound on the norm of the server "
+      "step's R_h part, lam_t ||grad R_h|| / sum_i rho_i (scaled down to it "
+      "when longer); inf: no bound (the paper's)", gt=0, allow_inf=True,
+      resume="named")
+  diagnostics: bool = field(False, "also record, each round, the training "
+      "clients' support and query losses before and after their adaptation "
+      "step (one more support gradient and three forward passes a client: "
+      "about a third more per round); the server step's norms are recorded "
+      "always", resume="free")
 
 
 @flax.struct.dataclass
