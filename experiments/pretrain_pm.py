@@ -17,15 +17,24 @@ reuses the PM only if it was trained with that recipe.
 The server split is the first ``--data.server_size`` examples of the dataset
 (the clients never see them); the last 10% of it are held out for the
 reported accuracy. The checkpoint replaces any PM in ``--pm.dir``.
+
+Pretraining saves its state at the end of every epoch (or every
+``--pm.checkpoint_every_steps`` steps) and when Ctrl-C or SIGTERM stops it,
+in ``<pm.dir>.pretraining``; after a stop, a crash or ``kill -9``, the same
+command continues from there to the PM an uninterrupted pretraining gives.
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import sys
 
 from absl import flags
 from absl import logging
 
 from augfl_jax import data, models, training
-from augfl_jax.pm import store as pm
+from augfl_jax.pm import pretrain, store as pm
 from augfl_jax.core.progress import counted
 from augfl_jax.training import presets, wiring
 from experiments import cli as run_flags
@@ -33,7 +42,8 @@ from experiments import cli as run_flags
 # The RunConfig fields that decide the PM (experiments.run's flags).
 PM_FIELDS = ("dataset", "norm", "conv_impl", "data.data_dir",
              "data.server_size", "pm.model", "pm.kwargs", "pm.epochs",
-             "pm.lr", "pm.batch_size", "pm.holdout_fraction", "pm.dir")
+             "pm.lr", "pm.batch_size", "pm.holdout_fraction", "pm.dir",
+             "pm.checkpoint_every_steps")
 
 FLAGS = flags.FLAGS
 
@@ -71,9 +81,12 @@ def resolve_pm(config: training.RunConfig) -> training.RunConfig:
   return run
 
 
-def pretrain_pm(config: training.RunConfig, log=print) -> tuple[str, dict]:
-  """Pretrains ``config``'s PM (resolved as a run would) and saves it to its
-  directory; returns ``(directory, metadata)``."""
+def pretrain_pm(config: training.RunConfig, log=print,
+                should_stop=None) -> tuple[str, dict]:
+  """Pretrains ``config``'s PM (resolved as a run would), continuing an
+  interrupted pretraining of it, and saves it to its directory; returns
+  ``(directory, metadata)``. ``should_stop``: asked after every step
+  (``pretrain.Stopped``, its checkpoint kept)."""
   run = resolve_pm(config)
   name, server_size, pm_dir = run.pm.model, run.data.server_size, run.pm.dir
   recipe = wiring.pm_recipe(run)
@@ -94,7 +107,7 @@ def pretrain_pm(config: training.RunConfig, log=print) -> tuple[str, dict]:
       pm_dir, model=model, model_name=name, dataset_name=run.dataset,
       server=server, server_size=server_size,
       split_seed=presets.server_split_seed(run), config=recipe, log=log,
-      overwrite=True)
+      overwrite=True, should_stop=should_stop)
   return pm_dir, metadata
 
 
@@ -104,14 +117,30 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)
   log = lambda line: print(line, flush=True)
 
-  def body():
-    return pretrain_pm(run_flags.config_from_flags(), log)
-
-  pm_dir, metadata = run_flags.run_command(body)
+  try:
+    with training.StopSignals() as stop:
+      pm_dir, metadata = run_flags.run_command(lambda: pretrain_pm(
+          run_flags.config_from_flags(), log,
+          should_stop=lambda: stop.signum is not None))
+      late = stop.take()  # after the last step: the PM is saved
+  except pretrain.Stopped as e:
+    print(f"interrupted: {signal.Signals(stop.signum).name}: {e}",
+          file=sys.stderr)
+    sys.exit(128 + stop.signum)
+  except KeyboardInterrupt:
+    print("interrupted at once (a second signal); the same command "
+          "continues from the newest checkpoint, if any", file=sys.stderr,
+          flush=True)
+    sys.stdout.flush()
+    os._exit(130)  # pylint: disable=protected-access
   held = metadata["heldout_accuracy"]
   held = "n/a" if held is None else f"{100 * held:.2f}%"
   print(f"held-out accuracy {held} on {metadata['num_heldout']} server "
         f"examples ({metadata['seconds']:.1f} s); PM saved to {pm_dir}")
+  if late is not None:
+    print(f"interrupted: {signal.Signals(late).name} after the last step: "
+          "the PM was saved", file=sys.stderr)
+    sys.exit(128 + late)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Stopping and stopped runs say what was kept: a signal during PM
-pretraining stops it at its next step, a second Ctrl-C ends the command
-even inside a long XLA call, two runs needing the same new PM pretrain it
-once, and a round made non-finite by a huge lam names lam, which a resume
-may then change.
+pretraining stops it at its next step, keeping a checkpoint that the same
+run continues from, a second Ctrl-C ends the command even inside a long XLA
+call, two runs needing the same new PM pretrain it once, and a round made
+non-finite by a huge lam names lam, which a resume may then change.
 """
 
 from __future__ import annotations
@@ -64,15 +64,19 @@ def test_a_signal_during_pm_pretraining_stops_it_and_says_what_was_kept(
   with pytest.raises(training.RunInterrupted) as e:
     training.run(config, str(tmp_path / "run"), log=_signal_at("no PM at",
                                                               lines))
-  assert str(e.value) == ("SIGTERM during PM pretraining (at epoch 1/3, "
-                          "step 1/6): this run saved no PM and trained no "
-                          "round")
+  assert str(e.value) == (
+      "SIGTERM: PM pretraining stopped at epoch 1/3, step 1/6; its "
+      f"checkpoint (epoch 1, step 1) is kept in {path}.pretraining; the same "
+      "command continues it; no round was trained")
   assert e.value.checkpoint is None and not path.exists()
-  # Once the PM is saved, the stop before the first round keeps it.
+  # The same run continues the pretraining; once the PM is saved, the stop
+  # before the first round keeps it.
   lines = []
   with pytest.raises(training.RunInterrupted) as e:
     training.run(config, str(tmp_path / "run"),
                  log=_signal_at("saved the PM to", lines))
+  assert ("continuing PM pretraining from epoch 1/3, step 1/6 "
+          f"({path}.pretraining)") in lines
   assert str(e.value) == ("SIGTERM before the first round: nothing was "
                           f"trained; the PM it pretrained is saved in {path} "
                           "and is reused")

@@ -1,9 +1,11 @@
 """The server's pretrained model (PM): pretraining on the server split
 (:mod:`.pretrain`, its reference recipe :mod:`.recipe`), the checkpoint that
-records what it was trained for (:mod:`.metadata`) and the store that reuses
-a matching one or pretrains it, one process at a time (:mod:`.store`)."""
+records what it was trained for (:mod:`.metadata`), the checkpoints an
+interrupted pretraining continues from (:mod:`.checkpoints`) and the store
+that reuses a matching one or pretrains it, one process at a time
+(:mod:`.store`)."""
 
-from augfl_jax.pm import metadata, pretrain, recipe, store
+from augfl_jax.pm import checkpoints, metadata, pretrain, recipe, store
 from augfl_jax.pm.metadata import (
     FORMAT, IMPLEMENTATION_FIELDS, MATCH_FIELDS, PMCheckpointMismatch,
     model_kwargs, pm_metadata)
@@ -14,7 +16,8 @@ from augfl_jax.pm.store import (
 
 __all__ = [
     "FORMAT", "IMPLEMENTATION_FIELDS", "MATCH_FIELDS", "PMCheckpointMismatch",
-    "PretrainConfig", "Stopped", "default_pm_dir", "get_or_pretrain_pm",
-    "load_pm", "metadata", "model_kwargs", "pm_metadata", "pretrain",
-    "pretrain_and_save", "recipe", "save_pm", "store",
+    "PretrainConfig", "Stopped", "checkpoints", "default_pm_dir",
+    "get_or_pretrain_pm", "load_pm", "metadata", "model_kwargs",
+    "pm_metadata", "pretrain", "pretrain_and_save", "recipe", "save_pm",
+    "store",
 ]

@@ -136,12 +136,14 @@ def _retrain_hint(directory: str, expected: Mapping[str, Any]) -> str:
 
 
 def check_match(directory: str | os.PathLike, saved: Mapping[str, Any],
-                expected: Mapping[str, Any]) -> None:
+                expected: Mapping[str, Any], *, what: str = "PM checkpoint",
+                remedy: str | None = None) -> None:
   """Raises :class:`PMCheckpointMismatch` when the metadata ``saved`` of the
   PM at ``directory`` differs from ``expected`` in one of
   :data:`MATCH_FIELDS` that ``expected`` holds (the architecture compared
   without :data:`IMPLEMENTATION_FIELDS`), naming every differing field,
-  both values, and how to retrain."""
+  both values, and how to retrain (or ``remedy``); ``what`` names the
+  checkpoint."""
   saved = _architecture(dict(saved))
   saved.setdefault("format", 1)
   expected = _architecture(_jsonable(dict(expected)))
@@ -151,7 +153,9 @@ def check_match(directory: str | os.PathLike, saved: Mapping[str, Any],
     path = os.path.abspath(os.path.expanduser(os.fspath(directory)))
     have = ", ".join(_describe(f, saved.get(f)) for f in differing)
     need = ", ".join(_describe(f, expected[f]) for f in differing)
+    if remedy is None:
+      remedy = (f"retrain it with {_retrain_hint(path, expected)} or pass "
+                "another --pm.dir")
     raise PMCheckpointMismatch(
-        f"PM checkpoint at {path} was trained for {have}; this run needs "
-        f"{need}: retrain it with {_retrain_hint(path, expected)} or pass "
-        "another --pm.dir")
+        f"{what} at {path} was trained for {have}; this run needs "
+        f"{need}: {remedy}")

@@ -12,8 +12,10 @@ mode as the reference's teacher does (``norm="running"``). Its held-out
 accuracy is reported both ways: with those running statistics and with the
 statistics of each held-out chunk.
 
-No file I/O here (the checkpoint is :mod:`augfl_jax.pm.store`); progress goes to
-the optional ``log(str)`` callback.
+No file I/O here: the PM's checkpoint is :mod:`augfl_jax.pm.store`'s, and
+the checkpoints an interrupted pretraining continues from are passed in
+(``checkpoints``, :mod:`augfl_jax.pm.checkpoints`); progress goes to the
+optional ``log(str)`` callback.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import flax.linen as nn
 import jax
@@ -30,23 +32,34 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from augfl_jax.core import local
+from augfl_jax.core import local, tree
 from augfl_jax import models
 from augfl_jax.core.progress import Progress
 from augfl_jax.pm.recipe import (DECAY_FRACTIONS, PretrainConfig,
                                        decay_epochs, make_optimizer)
 from augfl_jax.core.types import Batch, Params
 
-__all__ = ["DECAY_FRACTIONS", "PretrainConfig", "Stopped", "decay_epochs",
-           "make_optimizer", "pretrain"]
+__all__ = ["Checkpoints", "DECAY_FRACTIONS", "PretrainConfig", "Stopped",
+           "data_digest", "decay_epochs", "make_optimizer", "position",
+           "pretrain"]
 
 Log = Callable[[str], None]
 
 
 class Stopped(Exception):
   """Pretraining (or the wait for another process pretraining the same PM)
-  ended early because ``should_stop()`` said so; nothing was returned or
-  saved. The message says where it stopped."""
+  ended early because ``should_stop()`` said so; no PM was returned or
+  saved. The message says where it stopped and what was kept (a checkpoint
+  that the same command continues from, with ``checkpoints``)."""
+
+
+def position(done: int, steps_per_epoch: int, epochs: int) -> str:
+  """Where pretraining is after ``done`` optimizer steps: ``epoch 3/10``
+  when that epoch is complete, else ``epoch 4/10, step 57/141``."""
+  epoch, step = divmod(done, steps_per_epoch)
+  if step == 0 and done:
+    return f"epoch {epoch}/{epochs}"
+  return f"epoch {epoch + 1}/{epochs}, step {step}/{steps_per_epoch}"
 
 
 def _loss_and_correct(model: nn.Module, with_stats: bool = False,
@@ -132,6 +145,23 @@ def _jitted(model: nn.Module, config: PretrainConfig, steps_per_epoch: int,
   return init, shuffle, train_step, evaluate
 
 
+def _arrays(server: Batch) -> dict[str, np.ndarray]:
+  """The server split as pretraining reads it: float32 ``x``, int32 ``y``
+  and a float32 ``mask`` (ones where there is none)."""
+  n = int(server["y"].shape[0])
+  mask = server.get("mask")
+  return {"x": np.asarray(server["x"], np.float32),
+          "y": np.asarray(server["y"], np.int32),
+          "mask": (np.ones((n,), np.float32) if mask is None
+                   else np.asarray(mask, np.float32))}
+
+
+def data_digest(server: Batch) -> str:
+  """SHA-256 (hex) of the server split's examples, labels and mask as
+  pretraining reads them (``server`` as :func:`pretrain`'s)."""
+  return tree.digest(_arrays(server))
+
+
 def _split(server: Batch, holdout_fraction: float
            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
   """(train, held-out) host arrays; held-out = the last floor(f * n) rows."""
@@ -140,11 +170,7 @@ def _split(server: Batch, holdout_fraction: float
   if n - n_hold < 1:
     raise ValueError(f"The server split has {n} examples; pretraining needs "
                      "at least one training example.")
-  mask = server.get("mask")
-  data = {"x": np.asarray(server["x"], np.float32),
-          "y": np.asarray(server["y"], np.int32),
-          "mask": (np.ones((n,), np.float32) if mask is None
-                   else np.asarray(mask, np.float32))}
+  data = _arrays(server)
   return ({k: a[:n - n_hold] for k, a in data.items()},
           {k: a[n - n_hold:] for k, a in data.items()})
 
@@ -166,11 +192,28 @@ def _rates(sums: jax.Array) -> tuple[float, float]:
   return loss / real, correct / real
 
 
+class Checkpoints(Protocol):
+  """Where :func:`pretrain` keeps its state to be continued
+  (:class:`augfl_jax.pm.checkpoints.PretrainingCheckpoints`)."""
+
+  directory: str
+
+  def restore(self, like: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The newest saved ``(state, metadata)`` (a tree like ``like``;
+    ``metadata["steps_done"]``, ``metadata["seconds"]``), or ``None``."""
+
+  def save(self, state: Any, *, steps_done: int, seconds: float) -> None:
+    """Saves ``state`` after ``steps_done`` optimizer steps, ``seconds``
+    of pretraining in all."""
+
+
 def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
              log: Log | None = None, log_seconds: float = 30.0,
-             should_stop: Callable[[], bool] | None = None
+             should_stop: Callable[[], bool] | None = None,
+             checkpoints: Checkpoints | None = None
             ) -> tuple[Params, dict[str, float]]:
-  """Trains ``model`` from scratch on the server split.
+  """Trains ``model`` from scratch on the server split, or continues the
+  pretraining ``checkpoints`` holds.
 
   Args:
     model: a model from ``augfl_jax.models``.
@@ -184,8 +227,14 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
       every ``log_seconds`` (within an epoch too), each with the time per
       step and the time left.
     log_seconds: the longest silence between two progress lines.
-    should_stop: asked after every step; True ends pretraining there
-      (:class:`Stopped`).
+    should_stop: asked after every step but the last; True ends
+      pretraining there (:class:`Stopped`), after saving a checkpoint.
+    checkpoints: optional; its newest checkpoint is continued from (the
+      parameters, running statistics, optimizer state, shuffling key and the
+      epoch's running sums, at the step they were saved: the result is the
+      uninterrupted pretraining's, bit for bit), and the state is saved
+      every ``config.checkpoint_every_steps`` steps (0: at the end of every
+      epoch) and when ``should_stop()`` says so, never after the last step.
 
   Returns:
     ``(variables, metrics)``: ``variables = {"params": ..., "batch_stats":
@@ -196,7 +245,8 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
     ``eval_batch_size`` with its own batch statistics; ``nan`` without
     held-out examples), ``heldout_accuracy_running`` (with the running
     statistics; ``None`` without batch norm), ``num_train``,
-    ``num_heldout``, ``epochs`` and ``seconds``.
+    ``num_heldout``, ``epochs`` and ``seconds`` (those of the checkpoint
+    continued from included).
 
   Raises:
     FloatingPointError: the training loss became inf/NaN.
@@ -209,7 +259,8 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
   steps_per_epoch = -(-n_train // config.batch_size)
   init, shuffle, train_step, evaluate = _jitted(
       model, dataclasses.replace(config, model="", seed=0, log_every=None,
-                                 holdout_fraction=0.0, eval_batch_size=1),
+                                 holdout_fraction=0.0, eval_batch_size=1,
+                                 checkpoint_every_steps=0),
       steps_per_epoch, tuple(train["x"].shape[1:]))
   chunks = (jax.device_put(_chunks(held, min(config.eval_batch_size, n_held)))
             if n_held else None)
@@ -222,21 +273,54 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
     return [_rates(sums) for sums in evaluate(params, stats, chunks)]
 
   params, stats, opt_state, shuffle_key = init(config.seed)
+  sums = jnp.zeros((3,))
+  total = config.epochs * steps_per_epoch
+  done, seconds_before = 0, 0.0
+  where = lambda: position(done, steps_per_epoch, config.epochs)
+  if checkpoints is not None:
+    like = {"params": params, "batch_stats": stats, "opt_state": opt_state,
+            "shuffle_key": shuffle_key, "sums": sums}
+    restored = checkpoints.restore(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like))
+    if restored is not None:
+      state, meta = restored
+      params, stats, opt_state, shuffle_key, sums = (
+          state[k] for k in ("params", "batch_stats", "opt_state",
+                             "shuffle_key", "sums"))
+      done, seconds_before = int(meta["steps_done"]), float(meta["seconds"])
+      if log is not None:
+        log(f"continuing PM pretraining from {where()} "
+            f"({checkpoints.directory})")
   train = jax.device_put(train)
-  every = config.log_every or max(1, config.epochs // 10)
-  progress = Progress(config.epochs * steps_per_epoch)
+  checkpoint_every = config.checkpoint_every_steps or steps_per_epoch
+  lines_every = config.log_every or max(1, config.epochs // 10)
+  progress = Progress(total, done=done)
   last_line = time.perf_counter()
-  for epoch in range(1, config.epochs + 1):
+  for epoch in range(done // steps_per_epoch + 1, config.epochs + 1):
     batches = shuffle(shuffle_key, epoch, train)
-    sums = jnp.zeros((3,))
-    for step in range(steps_per_epoch):
+    first = done - (epoch - 1) * steps_per_epoch  # > 0: continued mid-epoch
+    if not first:
+      sums = jnp.zeros((3,))
+    for step in range(first, steps_per_epoch):
       params, stats, opt_state, sums, loss = train_step(
           params, stats, opt_state, sums, batches, step)
       loss.block_until_ready()  # the clock follows the computation
+      done += 1
       progress.step()
-      if should_stop is not None and should_stop():
-        raise Stopped(f"at epoch {epoch}/{config.epochs}, step {step + 1}/"
-                      f"{steps_per_epoch}")
+      stop = done < total and should_stop is not None and should_stop()
+      if checkpoints is not None and done < total and (
+          stop or done % checkpoint_every == 0):
+        checkpoints.save(
+            {"params": params, "batch_stats": stats, "opt_state": opt_state,
+             "shuffle_key": shuffle_key, "sums": sums}, steps_done=done,
+            seconds=seconds_before + time.perf_counter() - start)
+      if stop:
+        kept = f"epoch {epoch}" + (f", step {step + 1}" if step + 1 <
+                                   steps_per_epoch else "")
+        raise Stopped(f"PM pretraining stopped at {where()}; " + (
+            "nothing was kept" if checkpoints is None else
+            f"its checkpoint ({kept}) is kept in {checkpoints.directory}; "
+            "the same command continues it"))
       if log is not None and (estimate := progress.long_estimate("step")):
         log(f"pm pretraining will take long: {estimate}; a smaller PM or "
             "fewer epochs shorten it, e.g. --pm.model=cnn --pm.epochs=10 "
@@ -246,22 +330,17 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
         log(f"pm epoch {epoch:4d}/{config.epochs}  step {step + 1}/"
             f"{steps_per_epoch}  {progress.describe('step')}")
         last_line = time.perf_counter()
-    last = epoch == config.epochs
-    if last or (log is not None and (
-        epoch % every == 0 or epoch == 1 or
+    if epoch == config.epochs or (log is not None and (
+        epoch % lines_every == 0 or epoch == 1 or
         time.perf_counter() - last_line >= log_seconds)):
-      loss, acc = _rates(sums)
-      if not math.isfinite(loss):
-        raise FloatingPointError(
-            f"PM pretraining diverged at epoch {epoch} (loss {loss}); lower "
-            f"the learning rate (lr={config.lr}).")
-      scored = heldout(params, stats)
+      loss, acc, scored = _score_epoch(epoch, sums, params, stats, heldout,
+                                       config)
       if log is not None:
-        held = f"held-out acc {100 * scored[0][1]:.2f}" + (
+        held_acc = f"held-out acc {100 * scored[0][1]:.2f}" + (
             f" ({100 * scored[1][1]:.2f} with running statistics)"
             if len(scored) > 1 else "")
         log(f"pm epoch {epoch:4d}/{config.epochs}  train loss {loss:.4f}  "
-            f"train acc {100 * acc:.2f}  {held}  "
+            f"train acc {100 * acc:.2f}  {held_acc}  "
             f"{progress.describe('step')}")
         last_line = time.perf_counter()
   running = scored[1] if len(scored) > 1 else (None, None)
@@ -270,5 +349,17 @@ def pretrain(model: nn.Module, server: Batch, config: PretrainConfig, *,
       "heldout_loss": scored[0][0], "heldout_accuracy": scored[0][1],
       "heldout_accuracy_running": running[1], "num_train": n_train,
       "num_heldout": n_held, "epochs": config.epochs,
-      "seconds": time.perf_counter() - start,
+      "seconds": seconds_before + time.perf_counter() - start,
   }
+
+
+def _score_epoch(epoch, sums, params, stats, heldout, config):
+  """``(train loss, train accuracy, heldout(params, stats))`` at the end
+  of ``epoch``; raises ``FloatingPointError`` when the loss is not
+  finite."""
+  loss, acc = _rates(sums)
+  if not math.isfinite(loss):
+    raise FloatingPointError(
+        f"PM pretraining diverged at epoch {epoch} (loss {loss}); lower "
+        f"the learning rate (lr={config.lr}).")
+  return loss, acc, heldout(params, stats)

@@ -27,7 +27,8 @@ __all__ = ["DECAY_FRACTIONS", "PretrainConfig", "decay_epochs",
 # reference's (150, 180, 210) of 240.
 DECAY_FRACTIONS = (150 / 240, 180 / 240, 210 / 240)
 # PretrainConfig fields that do not change the weights.
-_NOT_RECIPE = ("model", "eval_batch_size", "log_every")
+_NOT_RECIPE = ("model", "eval_batch_size", "log_every",
+               "checkpoint_every_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,9 @@ class PretrainConfig:
       use the statistics of each such chunk, as everywhere in the library).
     log_every: epochs between progress lines (``None``: about 10 lines).
     seed: seed of the initialisation and of the minibatch shuffles.
+    checkpoint_every_steps: with checkpoints (:mod:`augfl_jax.pm.store`),
+      the optimizer steps between two of them; 0: one at the end of every
+      epoch.
   """
 
   model: str = "resnet32x4"
@@ -62,6 +66,7 @@ class PretrainConfig:
   eval_batch_size: int = 256
   log_every: int | None = None
   seed: int = 0
+  checkpoint_every_steps: int = 0
 
   def validate(self) -> None:
     """Raises ``ValueError`` naming the first bad field."""
@@ -80,6 +85,8 @@ class PretrainConfig:
          f"eval_batch_size must be >= 1, got {self.eval_batch_size}"),
         (self.log_every is None or self.log_every >= 1,
          f"log_every must be >= 1 or None, got {self.log_every}"),
+        (self.checkpoint_every_steps >= 0, "checkpoint_every_steps must be "
+         f">= 0, got {self.checkpoint_every_steps}"),
     ]
     for ok, message in checks:
       if not ok:

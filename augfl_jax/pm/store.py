@@ -7,16 +7,19 @@ architecture, the server split, the recipe, the format); :func:`load_pm`
 refuses one that differs in any of these, naming the fields. Its arrays and
 metadata are verified when it is loaded (``augfl_jax.storage.checkpoint``'s
 checksums), and one process at a time pretrains a missing PM (a lock beside
-the directory): another waits, then reuses it.
+the directory): another waits, then reuses it. Pretraining keeps checkpoints
+beside the directory (:mod:`augfl_jax.pm.checkpoints`), from which the same
+call continues an interrupted pretraining to the same PM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import math
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import flax.linen as nn
 import jax
@@ -26,7 +29,9 @@ from augfl_jax import models
 from augfl_jax.pm.metadata import (FORMAT, IMPLEMENTATION_FIELDS,
                                    MATCH_FIELDS, PMCheckpointMismatch,
                                    check_match, model_kwargs, pm_metadata)
-from augfl_jax.pm.pretrain import PretrainConfig, Stopped, pretrain
+from augfl_jax.pm.checkpoints import PretrainingCheckpoints
+from augfl_jax.pm.pretrain import (PretrainConfig, Stopped, data_digest,
+                                   pretrain)
 from augfl_jax.core.progress import counted
 from augfl_jax.pm.recipe import recipe
 from augfl_jax.core.types import Batch, Params
@@ -109,6 +114,32 @@ def _check_args(model_name: str, server: Batch, server_size: int,
                      f"have shape {shape}.")
 
 
+@contextlib.contextmanager
+def _lock(directory: str | os.PathLike, log: Log, then: str,
+          should_stop: Callable[[], bool] | None) -> Iterator[None]:
+  """Holds the lock ``.<name>.lock`` beside the PM's ``directory`` for the
+  block: one process at a time pretrains a PM. While another holds it, this
+  one waits, saying so once (``then``: what it does next), and stops
+  (:class:`~augfl_jax.pm.pretrain.Stopped`) when ``should_stop()`` says
+  so."""
+  path = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+  lock = os.path.join(os.path.dirname(path),
+                      f".{os.path.basename(path)}.lock")
+  waiting = []
+
+  def busy(holder: str) -> None:
+    if not waiting:
+      log(f"waiting for process {holder}, which is pretraining the PM at "
+          f"{directory}, {then}")
+      waiting.append(holder)
+    if should_stop is not None and should_stop():
+      raise Stopped(f"stopped while waiting for process {holder} to "
+                    "pretrain the PM; nothing was saved")
+
+  with locks.hold(lock, busy):
+    yield
+
+
 def pretrain_and_save(
     directory: str | os.PathLike, *, model: nn.Module, model_name: str,
     dataset_name: str, server: Batch, server_size: int, split_seed: int,
@@ -116,21 +147,50 @@ def pretrain_and_save(
     should_stop: Callable[[], bool] | None = None
 ) -> tuple[Params, dict[str, Any]]:
   """:func:`~augfl_jax.pm.pretrain.pretrain`, then :func:`save_pm` with the full
-  metadata.
+  metadata, holding the PM's lock (one process at a time pretrains it:
+  another one waits).
+
+  Pretraining keeps checkpoints in ``<directory>.pretraining``
+  (:mod:`augfl_jax.pm.checkpoints`): it continues from the newest one, so
+  that an interrupted pretraining (a stop, a signal, ``kill -9``) called
+  again gives the PM an uninterrupted one gives, bit for bit, and they are
+  removed once the PM is saved.
 
   The metadata is :func:`pm_metadata` plus the metrics of :func:`pretrain`
   (``nan`` stored as ``null``), ``input_shape`` and ``pretrain_config``.
   Arguments as :func:`get_or_pretrain_pm`; ``overwrite`` replaces an
   existing checkpoint (atomically); ``should_stop`` as ``pretrain``'s
-  (:class:`~augfl_jax.pm.pretrain.Stopped`: nothing saved).
+  (:class:`~augfl_jax.pm.pretrain.Stopped`: no PM saved, the pretraining's
+  checkpoint kept).
 
   Returns:
     ``(variables, metadata)`` as :func:`load_pm` would return them.
+
+  Raises:
+    PMCheckpointMismatch: ``<directory>.pretraining`` holds the checkpoint
+      of another pretraining.
   """
   _check_args(model_name, server, server_size, config)
   log = log or (lambda _: None)
+  with _lock(directory, log, "before pretraining it again", should_stop):
+    return _pretrain_and_save(
+        directory, model=model, model_name=model_name,
+        dataset_name=dataset_name, server=server, server_size=server_size,
+        split_seed=split_seed, config=config, log=log, overwrite=overwrite,
+        should_stop=should_stop)
+
+
+def _pretrain_and_save(directory, *, model, model_name, dataset_name, server,
+                       server_size, split_seed, config, log, overwrite,
+                       should_stop):
+  """:func:`pretrain_and_save` for the holder of the PM's lock."""
+  expected = pm_metadata(dataset_name, model_name, server_size, split_seed,
+                         model_kwargs=model_kwargs(model), config=config)
+  checkpoints = PretrainingCheckpoints(directory, expected,
+                                       data_digest(server), log)
   variables, metrics = pretrain(model, server, config, log=log,
-                                should_stop=should_stop)
+                                should_stop=should_stop,
+                                checkpoints=checkpoints)
   metrics = {k: None if isinstance(v, float) and math.isnan(v) else v
              for k, v in metrics.items()}  # JSON has no NaN.
   metadata = pm_metadata(
@@ -139,6 +199,7 @@ def pretrain_and_save(
       input_shape=list(server["x"].shape[1:]),
       pretrain_config=dataclasses.asdict(config))
   save_pm(directory, variables, metadata, overwrite=overwrite)
+  checkpoints.remove()
   log(f"saved the PM to {directory} (held-out accuracy "
       f"{_percent(metrics['heldout_accuracy'])})")
   return variables, checkpoint.restore_metadata(directory)
@@ -155,7 +216,8 @@ def get_or_pretrain_pm(
   One process at a time pretrains a missing PM: while another does (it
   holds the lock ``.<name>.lock`` beside ``directory``), this one waits,
   saying so once, then reuses it. A saved PM is read without the lock (it
-  may sit where nothing can be written).
+  may sit where nothing can be written). An interrupted pretraining is
+  continued from its checkpoint (:func:`pretrain_and_save`).
 
   Args:
     directory: where the PM checkpoint is (or will be).
@@ -170,44 +232,33 @@ def get_or_pretrain_pm(
     input_shape: shape of one example; must match ``server["x"]``.
     log: optional progress callback.
     should_stop: asked at every pretraining step and while waiting; True
-      stops (:class:`~augfl_jax.pm.pretrain.Stopped`, nothing saved).
+      stops (:class:`~augfl_jax.pm.pretrain.Stopped`: no PM saved, the
+      pretraining's checkpoint kept).
 
   Returns:
     ``(variables, metadata)``: ``{"params", "batch_stats"}``.
 
   Raises:
     PMCheckpointMismatch: a checkpoint exists but was trained for another
-      dataset, architecture, server split, recipe or format.
+      dataset, architecture, server split, recipe or format (the PM's, or
+      that of an interrupted pretraining).
     checkpoint.DamagedCheckpointError: it differs from what was saved.
     FileNotFoundError: ``directory`` exists but is not a readable checkpoint.
     ValueError: inconsistent arguments.
   """
   _check_args(model_name, server, server_size, config, input_shape)
   log = log or (lambda _: None)
-  path = os.path.abspath(os.path.expanduser(os.fspath(directory)))
-  lock = os.path.join(os.path.dirname(path),
-                      f".{os.path.basename(path)}.lock")
-  waiting = []
-
-  def busy(holder: str) -> None:
-    if not waiting:
-      log(f"waiting for process {holder}, which is pretraining the PM at "
-          f"{directory}, to reuse it")
-      waiting.append(holder)
-    if should_stop is not None and should_stop():
-      raise Stopped(f"while waiting for process {holder} to pretrain it")
-
   if not checkpoint.exists(directory):  # a saved PM is read without a lock
-    with locks.hold(lock, busy):
+    with _lock(directory, log, "to reuse it", should_stop):
       if not checkpoint.exists(directory):
         log(f"no PM at {directory}: pretraining {model_name} on the "
             f"{server_size} server examples of {dataset_name} for "
             f"{counted(config.epochs, 'epoch')}")
-        return pretrain_and_save(
+        return _pretrain_and_save(
             directory, model=model, model_name=model_name,
             dataset_name=dataset_name, server=server,
             server_size=server_size, split_seed=split_seed, config=config,
-            log=log, should_stop=should_stop)
+            log=log, overwrite=False, should_stop=should_stop)
   expected = pm_metadata(dataset_name, model_name, server_size, split_seed,
                          model_kwargs=model_kwargs(model), config=config)
   like = jax.eval_shape(lambda: {

@@ -50,6 +50,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import uuid
 import zlib
 from typing import Any, Mapping
@@ -60,8 +61,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 __all__ = ["DamagedCheckpointError", "checksums", "exists", "has_checksums",
-           "restore", "restore_metadata", "restore_target", "save", "seal",
-           "check_seal", "check_checksums"]
+           "quiet_closed_loop_callbacks", "restore", "restore_metadata",
+           "restore_target", "save", "seal", "check_seal", "check_checksums"]
 
 _STATE = "state"
 _METADATA = "metadata"
@@ -146,6 +147,25 @@ def check_seal(metadata: Mapping[str, Any], where: str) -> bool:
         f"the metadata of {where} does not match its checksum: edited or "
         "corrupted")
   return True
+
+
+def quiet_closed_loop_callbacks() -> None:
+  """Drops the ``RuntimeError('Event loop is closed')`` that TensorStore's
+  callbacks raise into ``sys.unraisablehook`` when orbax has given up on a
+  damaged or unwritable checkpoint and closed its event loop (one
+  traceback per array, after the error itself was raised and reported);
+  every other unraisable exception goes to the hook installed before."""
+  previous = sys.unraisablehook
+  if getattr(previous, "_augfl_jax_filter", False):
+    return
+
+  def hook(unraisable):
+    if (isinstance(unraisable.exc_value, RuntimeError) and
+        str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    previous(unraisable)
+  hook._augfl_jax_filter = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
 
 
 def _checkpointer() -> ocp.Checkpointer:

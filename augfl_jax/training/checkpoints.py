@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from typing import Any, Callable
 
 import jax
@@ -44,7 +43,9 @@ import orbax.checkpoint as ocp
 
 from augfl_jax.storage.checkpoint import (DamagedCheckpointError,
                                           check_checksums, check_seal,
-                                          checksums, restore_target, seal)
+                                          checksums,
+                                          quiet_closed_loop_callbacks,
+                                          restore_target, seal)
 from augfl_jax.training import processes
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
@@ -59,25 +60,6 @@ def _reason(e: BaseException) -> str:
   """The first line of an exception's message, at most 200 characters."""
   text = str(e).strip()
   return text.splitlines()[0][:200] if text else type(e).__name__
-
-
-def _quiet_closed_loop_callbacks() -> None:
-  """Drops the ``RuntimeError('Event loop is closed')`` that TensorStore's
-  callbacks raise into ``sys.unraisablehook`` when orbax has given up on a
-  damaged or unwritable checkpoint and closed its event loop (one
-  traceback per array, after the error itself was raised and reported);
-  every other unraisable exception goes to the hook installed before."""
-  previous = sys.unraisablehook
-  if getattr(previous, "_augfl_jax_filter", False):
-    return
-
-  def hook(unraisable):
-    if (isinstance(unraisable.exc_value, RuntimeError) and
-        str(unraisable.exc_value) == "Event loop is closed"):
-      return
-    previous(unraisable)
-  hook._augfl_jax_filter = True  # pylint: disable=protected-access
-  sys.unraisablehook = hook
 
 
 def _check_round(step: int, meta: dict[str, Any]) -> None:
@@ -114,7 +96,7 @@ class RunCheckpoints:
       raise ValueError(f"keep must be >= 2, got {keep}")
     self.directory = os.path.abspath(directory)
     self._reported = set()  # the damaged steps already logged
-    _quiet_closed_loop_callbacks()
+    quiet_closed_loop_callbacks()
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=("state", "meta"),
         options=ocp.CheckpointManagerOptions(

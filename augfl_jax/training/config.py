@@ -110,6 +110,11 @@ class PMConfig(fields.Config):
       "<model>..._e<epochs>_srv<n>); reused when it was trained for the "
       "run (dataset, architecture, split, recipe), pretrained when missing, "
       "refused otherwise")
+  checkpoint_every_steps: int = field(
+      0, "while the PM is pretrained, save its state every this many steps "
+      "(0: at the end of every epoch) in <pm.dir>.pretraining, from which "
+      "the same command continues an interrupted pretraining", ge=0,
+      resume="free")
   statistics: str = field(
       "running", "how a batch-norm PM normalises when it teaches (CRD) or "
       "encodes (FedPCL): running (eval mode, the statistics kept while it "

@@ -195,9 +195,8 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
         plan, fed, log, should_stop=lambda: stop.signum is not None)
   except pretrain.Stopped as e:
     raise RunInterrupted(
-        f"{signal.Signals(stop.signum).name} during PM pretraining ({e}): "
-        "this run saved no PM and trained no round", stop.signum,
-        start_round, kept) from None
+        f"{signal.Signals(stop.signum).name}: {e}; no round was trained",
+        stop.signum, start_round, kept) from None
   key, partial = plan.keys()[1], rounds.partial(config.clients_per_round,
                                                  num_clients)
   state = rounds.committed(processes.start(

@@ -74,7 +74,8 @@ def pm_recipe(config: RunConfig) -> pretrain.PretrainConfig:
   return pretrain.PretrainConfig(
       model=config.pm.model, epochs=config.pm.epochs, lr=config.pm.lr,
       batch_size=config.pm.batch_size,
-      holdout_fraction=config.pm.holdout_fraction)
+      holdout_fraction=config.pm.holdout_fraction,
+      checkpoint_every_steps=config.pm.checkpoint_every_steps)
 
 
 def load_pm(config: RunConfig, fed: data.FederatedData, log: Log,
