@@ -6,7 +6,8 @@ r"""Pretrains the server's private model (PM) on the server split and saves it.
 
 The PM is the one ``experiments.run`` would use: the flags that decide it are
 the run's own, with the same names and defaults (``--dataset``, ``--norm``,
-``--conv_impl``, ``--data.data_dir``, ``--data.server_size``,
+``--conv_impl``, ``--data.data_dir``, ``--data.download``,
+``--data.server_size``,
 ``--pm.model``, ``--pm.kwargs``, ``--pm.epochs``, ``--pm.dir``), and they
 are resolved as a run resolves them (``augfl_jax.training.presets``): the
 same model, norm, recipe (``--pm.epochs``, ``--pm.lr``, ``--pm.batch_size``,
@@ -41,6 +42,7 @@ from experiments import cli as run_flags
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
 PM_FIELDS = ("dataset", "norm", "conv_impl", "data.data_dir",
+             "data.download", "data.download_as",
              "data.server_size", "pm.model", "pm.kwargs", "pm.epochs",
              "pm.lr", "pm.batch_size", "pm.holdout_fraction", "pm.dir",
              "pm.checkpoint_every_steps")
@@ -91,6 +93,8 @@ def pretrain_pm(config: training.RunConfig, log=print,
   name, server_size, pm_dir = run.pm.model, run.data.server_size, run.pm.dir
   recipe = wiring.pm_recipe(run)
   recipe.validate()
+  if run.data.download:  # fetched on request only
+    data.fetch(run.dataset, run.data.data_dir, form=run.data.download_as)
   data.locate(run.dataset, run.data.data_dir)  # fails before any work
   kwargs = presets.model_kwargs(name, run.norm, run.pm.kwargs, run.conv_impl)
   dataset = data.load_dataset(run.dataset, data_dir=run.data.data_dir,

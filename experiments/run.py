@@ -4,6 +4,7 @@ r"""Runs one federated experiment (``augfl_jax.training.run``).
   python -m experiments.run --dataset=fashion_mnist --pm.model=cnn \
       --pm.epochs=10 --rounds=100   # Debian's IDX files, on a CPU
   python -m experiments.run --dataset=fashion_mnist  # the paper's: a GPU's
+  python -m experiments.run --dataset=emnist --data.download  # fetched once
   python -m experiments.run --dataset=emnist --data.data_dir=~/emnist/gzip
   python -m experiments.run --algorithm=fedavg --fedavg.lr=0.05 --rounds=100
   python -m experiments.run --flagfile=experiments/configs/fashion_mnist.flags

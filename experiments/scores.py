@@ -80,7 +80,8 @@ class RunScore:
 
 
 # What decides a run's clients, from its config.json (dotted; data.* but
-# its directory): two runs differing in one of them scored other clients.
+# where its files are and whether they were fetched): two runs differing in
+# one of them scored other clients.
 PROTOCOL = ("dataset", "seed", "eval.test_clients")
 
 
@@ -91,7 +92,7 @@ def _protocol(config: dict[str, Any]) -> dict[str, Any]:
   return {"dataset": config.get("dataset"), "seed": config.get("seed"),
           "eval.test_clients": evaluation.get("test_clients"),
           **{f"data.{k}": v for k, v in sorted(data.items())
-             if k != "data_dir"}}
+             if k not in ("data_dir", "download", "download_as")}}
 
 
 def check_same_clients(a: RunScore, b: RunScore, test_split: bool) -> None:

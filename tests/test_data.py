@@ -168,12 +168,13 @@ def test_offline_error_is_fast_and_clear(tmp_path, monkeypatch):
   monkeypatch.setattr(socket.socket, "connect",
                       lambda self, address: attempts.append(address))
   monkeypatch.delenv(D.catalog.ENV_VAR, raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no_user_data"))
   with pytest.raises(D.DatasetUnavailableError) as err:
     D.load_dataset("cifar10", data_dir=str(tmp_path))
   assert not attempts, f"tfds tried the network: {attempts}"
   message = str(err.value)
   assert "cifar10" in message and str(tmp_path) in message
-  assert "--data.data_dir" in message and "digits" in message
+  assert "--data.data_dir" in message and "--data.download" in message
   assert "\n" not in message
   with pytest.raises(D.DatasetUnavailableError, match="--data.data_dir"):
     D.load_federated("mnist", data_dir=str(tmp_path))

@@ -170,9 +170,10 @@ def _run_cli_inspected(*args, env=None):
 def test_missing_dataset_fails_fast_before_tensorflow_or_compiling(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "AUGFL_JAX_DATA_DIR"}
   env["TFDS_DATA_DIR"] = str(tmp_path / "tfds")
+  env["XDG_CACHE_HOME"] = str(tmp_path / "no_user_data")
   for args, hint in (
-      (["--dataset=emnist"], "gzip.zip"),
-      (["--dataset=cifar10"], "tfds build cifar10"),
+      (["--dataset=emnist"], "emnist-letters-test-labels-idx1-ubyte"),
+      (["--dataset=cifar10"], "--data.download fetches them"),
       (["--dataset=mnist", f"--data.data_dir={tmp_path}"],
        "--data.data_dir=DIR")):
     result = _run_cli_inspected(*args, f"--output_dir={tmp_path / 'out'}",

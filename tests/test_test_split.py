@@ -171,7 +171,8 @@ def test_a_missing_test_split_is_said_once_or_stops_the_run(tmp_path):
   off = [line for line in description.splitlines() if "test-split" in line]
   assert off == [f"test-split scoring off: fashion_mnist's test split is "
                  f"not beside its train files: no t10k-images-idx3-ubyte[.gz]"
-                 f" and t10k-labels-idx1-ubyte[.gz] in {root}"]
+                 f" and t10k-labels-idx1-ubyte[.gz] in {root}; "
+                 "--data.download fetches them"]
   asked = fields.replace(config, **{"eval.test_split": "on"})
   with pytest.raises(ValueError, match=r"^--eval.test_split=on: "
                      "fashion_mnist's test split is not beside"):

@@ -5,6 +5,7 @@ Typical use::
   fed = augfl_jax.data.load_federated("digits", seed=0)
   fed.train.support["x"]   # [C_train, P, 8, 8, 1]
   augfl_jax.data.locate("fashion_mnist")   # where its files are, or why not
+  augfl_jax.data.fetch("mnist")   # its official files, fetched if missing
 
 TensorFlow is only imported when a tfds prepared copy is read.
 """
@@ -20,6 +21,9 @@ from augfl_jax.data.catalog import canonical_name
 from augfl_jax.data.catalog import locate
 from augfl_jax.data.catalog import register_dataset
 from augfl_jax.data.catalog import spec
+from augfl_jax.data.download import DownloadError
+from augfl_jax.data.download import DownloadInterrupted
+from augfl_jax.data.download import fetch
 from augfl_jax.data.embedded import digits_dataset
 from augfl_jax.data.embedded import synthetic_dataset
 from augfl_jax.data.federated import FederatedData
@@ -54,6 +58,8 @@ __all__ = [
     "Dataset",
     "DatasetSpec",
     "DatasetUnavailableError",
+    "DownloadError",
+    "DownloadInterrupted",
     "FederatedData",
     "Location",
     "PARTITIONS",
@@ -68,6 +74,7 @@ __all__ = [
     "describe",
     "digits_dataset",
     "dirichlet_partition",
+    "fetch",
     "load_dataset",
     "load_federated",
     "load_split",

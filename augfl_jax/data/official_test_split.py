@@ -7,8 +7,9 @@ points from the choice of clients alone. This module draws many more
 held-out clients (``num_clients``; ``--eval.test_clients``) from examples
 that no training client, the server split or the PM has seen:
 
-* datasets with IDX files: the official test split beside the train files
-  (``t10k-*``, ``emnist-<split>-test-*``);
+* datasets with IDX or CIFAR binary files: the official test split beside
+  the train files (``t10k-*``, ``emnist-<split>-test-*``,
+  ``test_batch.bin``, ``test.bin``);
 * a tfds prepared copy: its ``test`` split;
 * ``digits`` (embedded, no test split): the examples its partition left
   unused (in no client and not in the server split), and it says so;
@@ -106,14 +107,16 @@ def locate_test_split(name: str, location: catalog.Location
         f"{spec.name} has no test split: every example belongs to a natural "
         "client" if spec.natural_clients else f"{spec.name} has no test "
         "split: its load function makes one set of examples")
-  if location.kind == "idx":
-    found = (catalog.find_idx(spec, location.path, spec.test_idx_files)
-             if spec.test_idx_files else None)
+  if location.kind in ("idx", "cifar"):
+    found = catalog.find_split(spec, location.path, "test")
     if found is None:
+      either = "[.gz]" if location.kind == "idx" else ""
       raise OfficialTestSplitUnavailable(
           f"{spec.name}'s test split is not beside its train files: no "
-          + " and ".join(f"{f}[.gz]" for f in spec.test_idx_files or ())
-          + f" in {location.path}")
+          + " and ".join(f"{f}{either}"
+                         for f in catalog.split_files(spec, "test"))
+          + f" in {location.path}"
+          + ("; --data.download fetches them" if spec.remote else ""))
     return found
   if not catalog.has_tfds_copy(spec, location.path, "test"):
     raise OfficialTestSplitUnavailable(

@@ -7,6 +7,8 @@ so the order is part of the protocol). It finds the files with
 
 * IDX files (``mnist``, ``fashion_mnist``, ``kmnist``, ``emnist/*``): the
   train split, in file order (:mod:`augfl_jax.data.idx`);
+* CIFAR binary files (``cifar10``, ``cifar100``): the train split, in file
+  order (:mod:`augfl_jax.data.cifar`);
 * a tfds prepared copy (any of those, ``cifar10``, ``cifar100``): the train
   split in its stored order, offline only (``download=False``,
   ``try_gcs=False``); TensorFlow is imported only then;
@@ -16,8 +18,9 @@ so the order is part of the protocol). It finds the files with
 
 Images are scaled to [0, 1] and then standardised per channel with the
 split's own mean and standard deviation. A dataset that is not on this
-machine raises :class:`DatasetUnavailableError` at once; nothing ever
-touches the network.
+machine raises :class:`DatasetUnavailableError` at once; nothing here
+touches the network (``--data.download``, :mod:`augfl_jax.data.download`,
+fetches the files when asked).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import os
 
 import numpy as np
 
-from augfl_jax.data import catalog, idx
+from augfl_jax.data import catalog, cifar, idx
 from augfl_jax.data.catalog import DatasetUnavailableError
 from augfl_jax.data.dataset import Dataset, standardise
 
@@ -120,6 +123,10 @@ def _read(spec: catalog.DatasetSpec, location: catalog.Location, split: str,
     images, y = idx.read_images_and_labels(
         *location.files, num_classes=spec.num_classes,
         label_offset=spec.label_offset)
+  elif location.kind == "cifar":
+    images, y = cifar.read_cifar(location.files,
+                                 label_bytes=spec.cifar_label_bytes,
+                                 num_classes=spec.num_classes)
   else:
     images, y = _read_tfds(spec, location.path, split)
   if like is not None and images.shape[1:] != like.x.shape[1:]:
@@ -137,18 +144,24 @@ def _read(spec: catalog.DatasetSpec, location: catalog.Location, split: str,
                  source=location.describe(), standardisation=statistics)
 
 
-def _read_tfds(spec: catalog.DatasetSpec, data_dir: str, split: str = "train"
-              ) -> tuple[np.ndarray, np.ndarray]:
-  """A tfds prepared copy's ``split`` in its stored order, offline only:
-  ``(images [n, H, W, C] uint8, labels [n] int32)``."""
-  # Lazy: TF/TFDS cost seconds to import and no other source needs them.
-  # Their INFO notices (oneDNN, CPU features) hidden unless asked for.
+def import_tfds():
+  """``tensorflow_datasets``, imported with TensorFlow kept off the
+  accelerators JAX uses (TF only reads and writes files here) and its INFO
+  notices (oneDNN, CPU features) hidden unless asked for. Lazy: TF and
+  tfds cost seconds to import and no other source needs them."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  # TF only reads files here: keep it off the accelerators JAX uses.
   tf.config.set_visible_devices([], "GPU")
+  return tfds
+
+
+def _read_tfds(spec: catalog.DatasetSpec, data_dir: str, split: str = "train"
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """A tfds prepared copy's ``split`` in its stored order, offline only:
+  ``(images [n, H, W, C] uint8, labels [n] int32)``."""
+  tfds = import_tfds()
   try:
     ds, info = tfds.load(
         spec.tfds_name, split=split, data_dir=data_dir, download=False,
@@ -158,7 +171,7 @@ def _read_tfds(spec: catalog.DatasetSpec, data_dir: str, split: str = "train"
     # tfds signals "not prepared" with an AssertionError from as_dataset().
     raise DatasetUnavailableError(
         f"dataset {spec.name!r}: the tfds copy in {data_dir} cannot be read "
-        f"({str(e).splitlines()[0]}); to get it, {spec.how_to_get}") from None
+        f"({str(e).splitlines()[0]}); {catalog.remedy(spec)}") from None
 
   # Iterate rather than batch_size=-1: the latter aborts TF 2.21 under
   # tfds.testing.mock_data, and batches keep peak memory lower anyway.

@@ -50,10 +50,21 @@ class DataConfig(fields.Config):
   """Which examples each client and the server hold (§VI-A)."""
 
   data_dir: str | None = field(
-      None, "searched first for the dataset's files (its IDX files, or a "
-      "tfds prepared copy); then $AUGFL_JAX_DATA_DIR, the Debian package's "
-      "directory (fashion_mnist) and the tfds default directory",
+      None, "searched first for the dataset's files (its IDX or CIFAR "
+      "binary files, or a tfds prepared copy); then $AUGFL_JAX_DATA_DIR, "
+      "the user data directory, the Debian package's directory "
+      "(fashion_mnist) and the tfds default directory",
       resume="free")
+  download: bool = field(
+      False, "fetch the dataset's official files (SHA-256 checked against "
+      "the catalog) when they are not on this machine, into "
+      "--data.data_dir, else $AUGFL_JAX_DATA_DIR, else the user data "
+      "directory (~/.cache/augfl_jax), where later runs find them; off, "
+      "nothing is ever fetched", resume="free")
+  download_as: str = field(
+      "files", "what --data.download makes: files (the official IDX or "
+      "CIFAR binary files) or tfds (a tfds prepared copy, prepared by tfds; "
+      "the tfds extra)", choices=("files", "tfds"), resume="free")
   num_clients: int | None = field(
       None, "clients N, 80% train / 20% held out (default: the dataset's, "
       "the paper's: 50, or 100 for EMNIST and CIFAR-100; digits 40)", ge=2)

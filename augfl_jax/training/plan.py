@@ -23,6 +23,7 @@ from augfl_jax.core import client_axis, fields
 from augfl_jax.training import feasibility, presets
 from augfl_jax.training.config import (RunConfig, algorithm_config, pm_role,
                                        section_name, unread_sections)
+from augfl_jax.training.safety import RunInterrupted
 
 __all__ = ["Plan", "prepare", "validate"]
 
@@ -79,12 +80,16 @@ def _without_pm(config: RunConfig) -> str:
 
 
 def prepare(config: RunConfig) -> Plan:
-  """Resolves ``config``, checks it and locates its data: the run's plan.
+  """Resolves ``config``, checks it and locates its data (fetched first
+  with ``data.download``, :func:`augfl_jax.data.fetch`): the run's plan.
 
   Raises:
     ValueError: one line saying what is wrong and what would be right.
     data.DatasetUnavailableError: the dataset's files are not on this
-      machine (one line: the files, the places searched, how to get them).
+      machine (one line: the files, the places searched, how to get them),
+      or ``data.download`` could not fetch them (``data.DownloadError``).
+    RunInterrupted: SIGINT or SIGTERM while they were fetched (what
+      arrived is kept; the same command continues).
   """
   spec = algorithms.spec(config.algorithm)
   config = presets.resolve(config)
@@ -112,6 +117,12 @@ def prepare(config: RunConfig) -> Plan:
   name, _, inner = config.strategy.partition(":")  # "sharded:map"
   strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
                                         inner=inner or "vmap")
+  if config.data.download:
+    try:
+      data.fetch(config.dataset, config.data.data_dir,
+                 form=config.data.download_as)
+    except data.DownloadInterrupted as e:
+      raise RunInterrupted(str(e), e.signum, 0, None) from None
   location = data.locate(config.dataset, config.data.data_dir)
   if config.eval.test_split == "on":
     try:
