@@ -28,6 +28,9 @@ every process; ``experiments.run --distributed.*``) the client axis runs
 sharded over every process's devices, each process holds its own
 training clients, process 0 alone takes the lock and writes these files
 and ``log``, and every process saves its own part of each checkpoint.
+Before the directory is touched the processes agree on the configuration,
+the run control and the directory, then on the data they loaded
+(``process_group.agree_on``); a difference stops them all in one line.
 """
 
 from __future__ import annotations

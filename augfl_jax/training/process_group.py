@@ -4,13 +4,18 @@ together.
 :func:`initialize` is ``jax.distributed.initialize`` for a run (before any
 other JAX call; from ``experiments.run``'s ``--distributed.*`` flags, or on
 a cluster JAX detects), with the coordination service in a child process
-of process 0 and a :class:`Watchdog` in every process. The watchdog keeps a
+of process 0, behind a gate that admits only the run's processes and names
+those awaited (:mod:`.process_gate`), and a :class:`Watchdog` in every
+process. :func:`agree_on` compares what every process was given (the
+run's flags, its data) before the run starts. The watchdog keeps a
 heartbeat per process in the coordinator's key-value store; a process that
 stops (killed, or ended by an error: :func:`ending`, :func:`announce_stop`)
 ends the others within ``STALE_SECONDS`` with one line naming it and how
 the run goes on (:data:`hint`), instead of a hang in the next collective
-or the runtime's abort with a stack trace. :func:`leave` ends a process at
-once; :func:`finished` says that it finished its run.
+or the runtime's abort with a stack trace; it also ends the process on a
+signal that the main thread, stuck in a call, cannot take
+(:meth:`Watchdog.watch_signals`). :func:`leave` ends a process at once;
+:func:`finished` says that it finished its run.
 
 What the processes compute together (who writes, where the clients live,
 the decisions they agree on) is :mod:`augfl_jax.training.processes`.
@@ -187,8 +192,9 @@ def _service_in_a_child(coordinator: str, num_processes: int,
     child.wait()
     raise ValueError(
         f"--distributed.coordinator={coordinator}: " +
-        ("its port is in use (by another run's coordinator?); choose "
-         "another port" if said == b"in use" else "the coordination "
+        (f"its port is in use (by another run's coordinator, or by a run's"
+         f" that ended less than {LINGER_SECONDS:g} s ago); choose another "
+         "port, or wait" if said == b"in use" else "the coordination "
          "service could not start (no free port for it?)"))
   child.stdout.close()
   lib.get_distributed_runtime_service = lambda *a, **k: _NoService()
@@ -267,7 +273,8 @@ class Watchdog(threading.Thread):
   ``STALE_SECONDS`` of another process's end: its heartbeat stops (killed)
   or it announced its stop (:func:`announce_stop`), or the coordinator
   (process 0) is gone. A process that finished its run announces so and
-  is not waited for."""
+  is not waited for. It also ends this process on a signal that its main
+  thread cannot take (:meth:`watch_signals`)."""
 
   def __init__(self):
     super().__init__(name="augfl_jax-watchdog", daemon=True)
