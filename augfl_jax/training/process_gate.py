@@ -205,7 +205,8 @@ def serve(port: str, num_processes: str, heartbeat: str, parent: str,
           linger: str) -> None:
   """Process 0's child: the gate on ``port``, JAX's coordination service
   on a port the system picks, both kept until ``linger`` seconds after the
-  process ``parent`` is gone. Prints one line once both listen,
+  process ``parent`` is gone (at once when no other process joined: none
+  needs the service to hear of its end). Prints one line once both listen,
   ``serving <service port>``, or why not: ``in use`` (the gate's port is
   taken), ``no service``."""
   try:
@@ -232,4 +233,5 @@ def serve(port: str, num_processes: str, heartbeat: str, parent: str,
   print(f"serving {service_port}", flush=True)
   while os.getppid() == int(parent):
     time.sleep(0.2)
-  time.sleep(float(linger))
+  if len(gate.holders) > 1:
+    time.sleep(float(linger))
