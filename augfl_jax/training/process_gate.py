@@ -112,7 +112,8 @@ def _ask(host: str, port: int, request: dict) -> dict | None:
     StartupError: something else than a gate answers there.
   """
   try:
-    with socket.create_connection((host, port), timeout=TALK_SECONDS) as s:
+    with socket.create_connection((host.strip("[]"), port),  # [::1]
+                                  timeout=TALK_SECONDS) as s:
       s.sendall(json.dumps(request).encode() + b"\n")
       line = s.makefile("rb").readline(65536)
   except OSError:
