@@ -132,9 +132,10 @@ def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
 
 def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
                             ) -> None:
-  """``--distributed.coordinator``, ``--distributed.num_processes`` and
-  ``--distributed.process_id``: the command as one of the processes of a
-  run across processes or hosts (``training.process_group``)."""
+  """``--distributed.coordinator``, ``--distributed.num_processes``,
+  ``--distributed.process_id`` and ``--distributed.startup_timeout``: the
+  command as one of the processes of a run across processes or hosts
+  (``training.process_group``)."""
   flags.DEFINE_string(
       "distributed.coordinator", None, "host:port of process 0, which every "
       "process of a run across processes reaches (with "
@@ -149,6 +150,11 @@ def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
                        "index, 0 .. num_processes - 1; process 0 writes "
                        "the run's files and console", lower_bound=0,
                        flag_values=flag_values)
+  flags.DEFINE_float("distributed.startup_timeout",
+                     training.process_group.STARTUP_TIMEOUT, "seconds a "
+                     "process waits for the others to start (naming those "
+                     "it waits for) before it gives up", lower_bound=1,
+                     flag_values=flag_values)
 
 
 def start_processes() -> bool:
@@ -157,7 +163,8 @@ def start_processes() -> bool:
   return training.process_group.initialize(
       FLAGS["distributed.coordinator"].value,
       FLAGS["distributed.num_processes"].value,
-      FLAGS["distributed.process_id"].value)
+      FLAGS["distributed.process_id"].value,
+      FLAGS["distributed.startup_timeout"].value)
 
 
 def config_from_flags(flag_values: flags.FlagValues = FLAGS

@@ -12,6 +12,11 @@ run across hosts does, on one machine. Process 0's console is this
 command's; the others' go to ``<output_dir>.process<i>.log``. The exit code
 is the first non-zero exit code of a process, else 0.
 
+Ctrl-C or SIGTERM to this command goes to every process once (a second
+one, again): they stop together after the round, with a checkpoint, and
+the line that resumes the run is this command's, with ``--resume``
+(``python -m experiments.local_processes ... -- ... --resume``).
+
 On several hosts, run ``experiments.run`` on each with its own
 ``--distributed.process_id`` (README, "Across processes and hosts").
 """
@@ -19,13 +24,20 @@ On several hosts, run ``experiments.run`` on each with its own
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import socket
 import subprocess
 import sys
 import time
 from typing import Sequence
 
-__all__ = ["command", "free_port", "launch", "wait"]
+__all__ = ["command", "free_port", "launch", "launcher_command", "LAUNCHER",
+           "wait"]
+
+# The environment variable that gives the processes the command that
+# launched them, up to its ``--`` (``experiments.run``'s resume line).
+LAUNCHER = "AUGFL_JAX_LAUNCHER"
 
 
 def free_port() -> int:
@@ -46,10 +58,12 @@ def command(process_id: int, num_processes: int, port: int,
 
 def launch(num_processes: int, devices_per_process: int,
            args: Sequence[str], *, logs: Sequence[str | None] | None = None,
-           env: dict[str, str] | None = None, cwd: str | None = None
-           ) -> list[subprocess.Popen]:
+           env: dict[str, str] | None = None, cwd: str | None = None,
+           own_group: bool = False) -> list[subprocess.Popen]:
   """Starts the processes (CPU only). ``logs[i]``: where process ``i``'s
-  output goes (None: this process's console)."""
+  output goes (None: this process's console). ``own_group``: each in a
+  process group of its own, so that a Ctrl-C in the terminal reaches only
+  this process (which passes it on once: :func:`main`)."""
   port = free_port()
   env = dict(os.environ if env is None else env, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count="
@@ -60,7 +74,9 @@ def launch(num_processes: int, devices_per_process: int,
     out = None if logs[i] is None else open(logs[i], "w")  # pylint: disable=consider-using-with
     procs.append(subprocess.Popen(
         command(i, num_processes, port, args), env=env, cwd=cwd,
-        stdout=out, stderr=subprocess.STDOUT if out else None))
+        stdin=subprocess.DEVNULL, stdout=out,
+        stderr=subprocess.STDOUT if out else None,
+        process_group=0 if own_group else None))
     if out is not None:
       out.close()  # the child holds its own copy
   return procs
@@ -85,36 +101,66 @@ def wait(procs: Sequence[subprocess.Popen], timeout: float | None = None
   return [p.returncode for p in procs]
 
 
+def _define_flags(flag_values) -> None:
+  """This command's own flags (defined when it runs: the module is also a
+  library, of tests and benchmarks that define flags of these names)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_integer("num_processes", 2, "how many processes run the "
+                       "command together", lower_bound=1,
+                       flag_values=flag_values)
+  flags.DEFINE_integer("devices_per_process", 1, "CPU devices of each "
+                       "process", lower_bound=1, flag_values=flag_values)
+
+
+def launcher_command(argv: Sequence[str]) -> str:
+  """This command's line up to its ``--`` (``argv``: ``sys.argv``), as the
+  processes' resume line starts it."""
+  split = list(argv).index("--") if "--" in argv else len(argv)
+  return " ".join(["python -m experiments.local_processes"] +
+                  [shlex.quote(a) for a in argv[1:split]] + ["--"])
+
+
 def main(argv: Sequence[str]) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(
-      prog="python -m experiments.local_processes",
-      description=__doc__.split("\n\n")[1],
-      usage="%(prog)s [--num_processes=N] [--devices_per_process=D] -- "
-      "FLAGS OF experiments.run")
-  parser.add_argument("--num_processes", type=int, default=2)
-  parser.add_argument("--devices_per_process", type=int, default=1)
+  """The command (``argv``: ``sys.argv``). Its own flags are parsed as
+  every command's (``--help`` prints them and exits 0; a bad one is one
+  line, exit 2); those after ``--`` are ``experiments.run``'s."""
+  from experiments import cli  # pylint: disable=g-import-not-at-top
   argv = list(argv)
   split = argv.index("--") if "--" in argv else len(argv)
-  options = parser.parse_args(argv[:split])
-  if options.num_processes < 1 or options.devices_per_process < 1:
-    parser.error("--num_processes and --devices_per_process must be >= 1")
+  _define_flags(cli.FLAGS)
+  cli.parse_flags(argv[:split])
   args = argv[split + 1:]
   output_dir = next((a.partition("=")[2] for a in args
                      if a.startswith("--output_dir=")), None)
   stem = output_dir.rstrip("/") if output_dir else "experiments_run"
+  num_processes = cli.FLAGS.num_processes
   logs = [None] + [f"{stem}.process{i}.log"
-                   for i in range(1, options.num_processes)]
+                   for i in range(1, num_processes)]
   for log in logs[1:]:
     os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
-  procs = launch(options.num_processes, options.devices_per_process, args,
-                 logs=logs)
-  try:
-    codes = wait(procs)
-  except KeyboardInterrupt:  # the processes got the signal too
-    codes = wait(procs, timeout=600)
+  procs, received = [], []
+
+  def pass_on(signum, frame):
+    """A signal goes to every process once (in groups of their own, they
+    get none from the terminal)."""
+    del frame
+    received.append(signum)
+    for p in procs:
+      if p.poll() is None:
+        p.send_signal(signum)
+
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, pass_on)
+  started = launch(num_processes, cli.FLAGS.devices_per_process, args,
+                   logs=logs, own_group=True,
+                   env=dict(os.environ, **{LAUNCHER: launcher_command(argv)}))
+  procs += started
+  for signum in received:  # while they were started
+    for p in started:
+      p.send_signal(signum)
+  codes = wait(procs)
   return next((c for c in codes if c), 0)
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  sys.exit(main(sys.argv))

@@ -70,6 +70,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-import-position
 from augfl_jax.training import process_group, processes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments.local_processes import LAUNCHER  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = run_flags.FLAGS
 run_flags.define_config_flags()
@@ -81,13 +82,21 @@ flags.adopt_module_key_flags(run_flags)  # --help lists them
 def resume_command(argv: list[str], resume: bool = True) -> str:
   """The command line that continues this run: the same flags with
   ``--resume`` instead of ``--overwrite`` (``resume=False``: the command
-  that starts it, for a run stopped before anything was saved)."""
+  that starts it, for a run stopped before anything was saved). In a
+  process that ``experiments.local_processes`` started, that command's,
+  which resumes all its processes (the ``--distributed.*`` flags it gave
+  each left out)."""
   drop = ("--resume", "--noresume", "--overwrite", "--nooverwrite")
   args = [a for a in argv[1:] if a.split("=")[0] not in drop]
   if not resume:
     args = [a for a in args if a.split("=")[0] != "--resume_changes"]
-  return " ".join(["python -m experiments.run"] +
-                  [shlex.quote(a) for a in args] +
+  head = "python -m experiments.run"
+  if os.environ.get(LAUNCHER):
+    head = os.environ[LAUNCHER]
+    args = [a for a in args if not a.split("=")[0].startswith(
+        ("--distributed.coordinator", "--distributed.num_processes",
+         "--distributed.process_id"))]
+  return " ".join([head] + [shlex.quote(a) for a in args] +
                   (["--resume"] if resume else []))
 
 

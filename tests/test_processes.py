@@ -3,6 +3,10 @@ of ``experiments.run`` with 2 CPU devices each give the numbers of one
 process (4 devices, and the default strategy) within float rounding, write
 one run directory, resume with the same number of processes (another is
 refused in one line) and stop together, in one line, when one is killed.
+The processes of a run agree on their flags and data before round 1,
+admit no other process, name a peer that does not start, and end on a
+signal even when stuck in a collective; ``experiments.local_processes``
+passes signals on and prints its own resume line.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -21,7 +26,7 @@ import pytest
 from augfl_jax import models
 from augfl_jax.core import client_axis
 from augfl_jax.storage import checkpoint
-from augfl_jax.training import outputs, process_group, processes
+from augfl_jax.training import outputs, process_gate, process_group, processes
 from experiments import local_processes
 from tests import fake_pm
 
@@ -357,3 +362,387 @@ def test_a_signal_to_one_process_stops_all_after_the_round(tmp_path):
       "state is saved in" in said[0], said
   assert not [l for l in lines if l.startswith("error:")]
   assert lines[-1].startswith("resume with: python -m experiments.run ")
+
+
+# --- one run: its own processes, agreed before round 1 ---------------------
+
+
+def test_differences_name_each_flag_and_its_processes():
+  records = [{"--rounds": "3", "--seed": "0", "--model": "mlp"},
+             {"--rounds": "5", "--seed": "0", "--model": "mlp"},
+             {"--rounds": "3", "--seed": "0"}]
+  assert process_group.differences(records) == [
+      "--rounds: 3 on processes 0 and 2, 5 on process 1",
+      "--model: mlp on processes 0 and 1, (absent) on process 2"]
+  assert process_group.differences(records[:1] * 3) == []
+  assert process_group.agree_on("flags", records[0]) == []  # one process
+
+
+def _gate(num_processes):
+  """A gate of ``num_processes`` in a thread of this process; its port."""
+  listener = process_gate._listen(0)  # pylint: disable=protected-access
+  gate = process_gate.Gate(listener, num_processes, service_port=4321)
+  threading.Thread(target=gate.serve_forever, daemon=True).start()
+  return listener.getsockname()[1]
+
+
+def test_the_gate_admits_the_run_s_processes_and_refuses_others(
+    monkeypatch):
+  monkeypatch.setattr(process_gate, "FIRST_REPORT_SECONDS", 0.5)
+  port, said = _gate(2), []
+  joined = []
+  first = threading.Thread(target=lambda: joined.append(process_gate.join(
+      "localhost", port, 0, 2, 30, said.append)))
+  first.start()
+  assert process_gate.join("localhost", port, 1, 2, 30, said.append) == 4321
+  first.join()
+  assert joined == [4321]
+  with pytest.raises(process_gate.StartupError) as refused:
+    process_gate.join("localhost", port, 1, 2, 30, said.append)
+  assert str(refused.value) == (
+      f"--distributed.process_id=1: process 1 of the run at localhost:{port}"
+      " has joined already (this is a second command with its process id, "
+      "or another run's process on its coordinator); give each process of "
+      "a run its own --distributed.process_id, and another run another "
+      "--distributed.coordinator port")
+  with pytest.raises(process_gate.StartupError, match=(
+      "--distributed.num_processes=3: the run at localhost:[0-9]+ has 2 "
+      "processes; give every process of a run the same")):
+    process_gate.join("localhost", port, 2, 3, 30, said.append)
+  # A process whose peers do not come names them, then gives up.
+  port = _gate(3)
+  with pytest.raises(process_gate.StartupError) as late:
+    process_gate.join("localhost", port, 1, 3, 1.2, said.append)
+  assert str(late.value).startswith(
+      "process 0 (the coordinator) and process 2 of 3 did not join the run "
+      f"at localhost:{port} within --distributed.startup_timeout=1.2 s: "
+      "start every process of the run")
+  assert said and all(line.startswith(
+      "process 1: waiting for process 0 (the coordinator) and process 2 of "
+      f"3 at localhost:{port} (") for line in said), said
+
+
+def test_without_a_coordinator_the_wait_names_it_and_ends_in_one_line(
+    tmp_path):
+  """Before, a process whose peer never started was silent for 300 s, then
+  aborted with a C++ trace (exit 134)."""
+  address = f"localhost:{local_processes.free_port()}"
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  start = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.run",
+       f"--distributed.coordinator={address}",
+       "--distributed.num_processes=2", "--distributed.process_id=1",
+       "--distributed.startup_timeout=6", f"--output_dir={tmp_path / 'r'}"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+      check=False)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert lines[0].startswith(
+      f"process 1: waiting for process 0 (the coordinator) of 2 at {address}"
+      " (5 s of --distributed.startup_timeout=6) ..."), lines
+  assert lines[1:] == [
+      f"error: process 0 (the coordinator) of 2 did not join the run at "
+      f"{address} within --distributed.startup_timeout=6 s: start it on the "
+      "host of --distributed.coordinator (the same command with "
+      "--distributed.process_id=0), or correct that flag, or give a larger "
+      "--distributed.startup_timeout"]
+  assert time.monotonic() - start < 60
+  assert not os.path.exists(tmp_path / "r")
+
+
+_HOLD = """
+import os, sys, time
+from augfl_jax.training import process_group, processes
+process_group.initialize(sys.argv[1], 2, int(sys.argv[2]))
+print("joined", flush=True)
+while not os.path.exists(sys.argv[3]):
+  time.sleep(0.2)
+processes.sync("after the intruder")  # the service still serves
+process_group.finished()
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_an_intruder_is_refused_in_one_line_and_the_run_goes_on(tmp_path):
+  """A second command with a process id of a running run (or another
+  process count) is refused at the gate; before, it made the coordination
+  service fail and JAX abort every process of the run."""
+  address = f"localhost:{local_processes.free_port()}"
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  done = tmp_path / "done"
+  run = [subprocess.Popen([sys.executable, "-c", _HOLD, address, str(i),
+                           str(done)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+         for i in range(2)]
+  try:
+    for p in run:
+      assert p.stdout.readline().strip() == "joined"
+    refusals = {
+        (1, 2): "--distributed.process_id=1: process 1 of the run at "
+                f"{address} has joined already",
+        (1, 3): f"--distributed.num_processes=3: the run at {address} has 2 "
+                "processes",
+        (0, 2): f"--distributed.coordinator={address}: its port is in use "
+                "(by another run's coordinator, or by a run's that ended "
+                "less than 23 s ago); choose another port, or wait"}
+    intruders = [subprocess.Popen(
+        [sys.executable, "-m", "experiments.run",
+         f"--distributed.coordinator={address}",
+         f"--distributed.num_processes={num_processes}",
+         f"--distributed.process_id={process_id}",
+         f"--output_dir={tmp_path / 'intruder'}"], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for process_id, num_processes in refusals]
+    for intruder, refusal in zip(intruders, refusals.values()):
+      stderr = intruder.communicate(timeout=120)[1]
+      assert intruder.returncode == 2, stderr[-3000:]
+      lines = stderr.strip().splitlines()
+      assert len(lines) == 1 and lines[0].startswith(
+          f"error: {refusal}"), lines
+    done.touch()
+    logs = [p.communicate(timeout=120)[0] for p in run]
+  finally:
+    local_processes.wait(run, timeout=1)
+  assert [p.returncode for p in run] == [0, 0], logs
+  assert all(log.strip().endswith("finished") for log in logs), logs
+
+
+def _launch_each(args_of, tmp_path, timeout=300):
+  """Runs ``experiments.run`` as ``len(args_of)`` processes of one run,
+  process ``i`` with its own flags ``args_of[i]``; ``(exit codes,
+  logs)``."""
+  port = local_processes.free_port()
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  logs = [tmp_path / f"each{i}_{time.monotonic_ns()}.log"
+          for i in range(len(args_of))]
+  procs = []
+  for i, args in enumerate(args_of):
+    with open(logs[i], "w") as out:
+      procs.append(subprocess.Popen(
+          local_processes.command(i, len(args_of), port, args), env=env,
+          cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+  codes = local_processes.wait(procs, timeout=timeout)
+  return codes, [log.read_text() for log in logs]
+
+
+def _errors(log):
+  return [l for l in log.splitlines() if l.startswith("error:")]
+
+
+def test_processes_given_different_flags_stop_in_one_line_naming_them(
+    tmp_path):
+  """Before, processes with another --rounds hung in a collective for
+  ever, another --seed or --fedavg.lr finished with numbers of no
+  configuration, another --output_dir failed on a missing file."""
+  same = {"algorithm": "fedavg", "nocompilation_cache": None}
+  codes, logs = _launch_each([
+      _flags(tmp_path / "a", **same),
+      _flags(tmp_path / "b", rounds=3, seed=1, eval_every=2,
+             checkpoint_every=2, **{"fedavg.lr": 0.5}, **same)], tmp_path)
+  assert codes == [2, 2], logs
+  want = [
+      "error: the 2 processes of the run were given different flags "
+      "(--rounds: 2 on process 0, 3 on process 1; --eval_every: 1 on "
+      "process 0, 2 on process 1; --seed: 0 on process 0, 1 on process 1; "
+      "--fedavg.lr: 0.05 on process 0, 0.5 on process 1; --checkpoint_every:"
+      " 50 on process 0, 2 on process 1; --output_dir: "
+      f"{tmp_path / 'a'} on process 0, {tmp_path / 'b'} on process 1): give "
+      "every process the same flags, each its own --distributed.process_id;"
+      " nothing was written"]
+  assert [_errors(log) for log in logs] == [want, want], logs
+  assert "Traceback" not in logs[0] + logs[1]
+  assert not os.path.exists(tmp_path / "a")
+  assert not os.path.exists(tmp_path / "b")
+
+
+def _idx_copy(directory, flipped_label=None):
+  """A small Fashion-MNIST of IDX files in ``directory`` (600 examples);
+  ``flipped_label``: the example whose label differs from the others'
+  copies."""
+  from augfl_jax.data import idx  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory)
+  rng = np.random.default_rng(0)
+  labels = (np.arange(600) % 10).astype(np.uint8)
+  if flipped_label is not None:
+    labels[flipped_label] = (labels[flipped_label] + 1) % 10
+  idx.write_idx(os.path.join(directory, "train-images-idx3-ubyte"),
+                rng.integers(0, 256, (600, 28, 28)).astype(np.uint8))
+  idx.write_idx(os.path.join(directory, "train-labels-idx1-ubyte"), labels)
+  return str(directory)
+
+
+@pytest.mark.slow
+def test_processes_that_read_different_data_stop_in_one_line(tmp_path):
+  """Each host's copy of the dataset: the same flags (but
+  --data.data_dir), one label differs."""
+  out = tmp_path / "run"
+  flags = _flags(out, dataset="fashion_mnist", **NO_PM, **{
+      "data.num_clients": 10, "data.server_size": 100,
+      "eval.test_split": "off"})
+  copies = [_idx_copy(tmp_path / "copy0"),
+            _idx_copy(tmp_path / "copy1", flipped_label=5)]
+  codes, logs = _launch_each([flags + [f"--data.data_dir={c}"]
+                              for c in copies], tmp_path)
+  assert codes == [2, 2], logs
+  for log, copy in zip(logs, copies):
+    errors = _errors(log)
+    assert len(errors) == 1, log
+    assert errors[0].startswith(
+        "error: the 2 processes of the run read different data (the server "
+        "split's digest: "), errors
+    assert errors[0].endswith(
+        f"give every process the same dataset files (this process read IDX "
+        f"files {copy}/train-images-idx3-ubyte, {copy}/train-labels-idx1-"
+        "ubyte) and the same flags; nothing was written"), errors
+  assert not os.path.exists(out)
+
+
+@pytest.mark.slow
+def test_a_signal_ends_processes_stuck_in_a_collective(tmp_path):
+  """Process 1 waits in a call that never returns, process 0 for it in a
+  collective: neither main thread can take a signal, and before, SIGTERM
+  left both running for ever. Each ends within seconds, in one line with
+  the resume command (``tests/stuck_collective.py``)."""
+  logs = [str(tmp_path / f"p{i}.log") for i in range(2)]
+  marker = tmp_path / "stuck"
+  procs = local_processes.launch(
+      2, 1, ["--imports=tests.stuck_collective",
+             *_flags(tmp_path / "run", rounds=50, **NO_PM)], logs=logs,
+      env=dict(os.environ, PYTHONPATH=ROOT, STUCK_MARKER=str(marker)),
+      cwd=ROOT)
+  try:
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+      assert time.monotonic() < deadline and all(
+          p.poll() is None for p in procs), open(logs[0]).read()[-3000:]
+      time.sleep(0.3)
+    time.sleep(2)  # process 0 is in the collective by now
+    start = time.monotonic()
+    for p in procs:
+      p.send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=60) for p in procs]
+    seconds = time.monotonic() - start
+  finally:
+    local_processes.wait(procs, timeout=1)
+  assert codes == [128 + signal.SIGTERM] * 2, [open(l).read()[-2000:]
+                                                for l in logs]
+  assert seconds < 5 + 10, seconds
+  for i, log in enumerate(logs):
+    lines = [l for l in open(log).read().splitlines()
+             if l.startswith(("interrupted", "error"))]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"interrupted: SIGTERM, which process {i} has not taken within 5 s "
+        "(it waits in a collective that another process does not join, or "
+        "in one long computation): it stops now, without saving; resume "
+        "with: python -m experiments.run "), lines
+    assert lines[0].endswith(" --resume"), lines
+
+
+@pytest.mark.slow
+def test_local_processes_passes_a_signal_on_and_prints_its_own_resume_line(
+    tmp_path):
+  """SIGTERM to the command (before, its processes went on, detached,
+  holding the lock); an intruder on the running run's coordinator is
+  refused meanwhile and the run goes on; the command's resume line resumes
+  every process."""
+  out = tmp_path / "run"
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("AUGFL_JAX_LAUNCHER", None)  # local_processes.LAUNCHER
+  run = ["--checkpoint_every=5", "--nocompilation_cache", "--augfl.lam=0",
+         f"--output_dir={out}"]
+  with open(tmp_path / "console", "w") as console:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "experiments.local_processes",
+         "--num_processes=2", "--", "--rounds=100000", *run], cwd=ROOT,
+        env=env, stdout=console, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints" / "step_5").is_dir():
+      assert time.monotonic() < deadline and launcher.poll() is None, (
+          (tmp_path / "console").read_text()[-3000:])
+      time.sleep(0.5)
+    coordinator = next(
+        a for a in open(f"/proc/{_child_of(launcher.pid)}/cmdline").read()
+        .split("\0") if a.startswith("--distributed.coordinator="))
+    intruder = subprocess.run(
+        [sys.executable, "-m", "experiments.run", coordinator,
+         "--distributed.num_processes=2", "--distributed.process_id=1",
+         "--rounds=100000", *run], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120, check=False)
+    assert intruder.returncode == 2, intruder.stderr[-2000:]
+    assert len(intruder.stderr.strip().splitlines()) == 1, intruder.stderr
+    rounds_then = len(_records(out))
+    time.sleep(3)
+    assert len(_records(out)) > rounds_then  # the run goes on
+    launcher.send_signal(signal.SIGTERM)
+    code = launcher.wait(timeout=120)
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  console = (tmp_path / "console").read_text()
+  assert code == 128 + signal.SIGTERM, console[-3000:]
+  assert not _child_of(launcher.pid)  # none left running
+  resume = [l for l in console.splitlines() if l.startswith("resume with:")]
+  assert resume == [
+      "resume with: python -m experiments.local_processes --num_processes=2 "
+      f"-- --rounds=100000 {' '.join(run)} --resume"], console[-3000:]
+  step = max(int(s[5:]) for s in os.listdir(out / "checkpoints")
+             if s.startswith("step_") and s[5:].isdigit())
+  args = resume[0][len("resume with: python -m "):].replace(
+      "--rounds=100000", f"--rounds={step + 1}").split()
+  proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert f"resuming from round {step}" in proc.stdout
+  assert _records(out)[-1]["round"] == step + 1
+
+
+def _child_of(pid):
+  """The pid of a process that ``pid`` started and that still runs, or
+  ``None``."""
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          fields = f.read().rpartition(")")[2].split()
+      except OSError:
+        continue
+      if int(fields[1]) == pid and fields[0] != "Z":
+        return int(entry)
+  return None
+
+
+def test_local_processes_help_lists_its_flags_and_exits_0():
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.local_processes", "--help"],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+      text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith(
+      "Runs ``experiments.run`` as several processes on this machine.")
+  assert "the flags of python -m experiments.local_processes:\n" \
+      "  --devices_per_process: CPU devices of each process (default: 1)\n" \
+      "  --num_processes: how many processes run the command together " \
+      "(default: 2)\n" in proc.stdout
+
+
+def test_the_resume_line_of_a_process_of_local_processes_is_the_command_s(
+    monkeypatch):
+  from experiments import run  # pylint: disable=g-import-not-at-top
+  argv = ["run.py", "--distributed.coordinator=localhost:1",
+          "--distributed.num_processes=2", "--distributed.process_id=1",
+          "--rounds=3", "--output_dir=runs/two", "--overwrite"]
+  monkeypatch.setenv(local_processes.LAUNCHER, local_processes
+                     .launcher_command(["lp", "--num_processes=2", "--",
+                                        "--rounds=3"]))
+  assert run.resume_command(argv) == (
+      "python -m experiments.local_processes --num_processes=2 -- "
+      "--rounds=3 --output_dir=runs/two --resume")
+  monkeypatch.delenv(local_processes.LAUNCHER)
+  assert run.resume_command(argv).startswith(
+      "python -m experiments.run --distributed.coordinator=localhost:1 ")

@@ -28,6 +28,9 @@ every process; ``experiments.run --distributed.*``) the client axis runs
 sharded over every process's devices, each process holds its own
 training clients, process 0 alone takes the lock and writes these files
 and ``log``, and every process saves its own part of each checkpoint.
+Before the directory is touched the processes agree on the configuration,
+the run control and the directory, then on the data they loaded
+(``process_group.agree_on``); a difference stops them all in one line.
 """
 
 from __future__ import annotations
@@ -40,13 +43,15 @@ from typing import Any, Callable, Sequence
 import jax
 
 from augfl_jax import data
+from augfl_jax.core import fields, tree
 from augfl_jax.core.progress import counted
 from augfl_jax.pm import pretrain
 from augfl_jax.storage import checkpoint
 from augfl_jax.training import resume as resuming
-from augfl_jax.training import processes, rounds, scoring, wiring
+from augfl_jax.training import (process_group, processes, rounds,
+                                scoring, wiring)
 from augfl_jax.training.checkpoints import RunCheckpoints
-from augfl_jax.training.config import RunConfig
+from augfl_jax.training.config import RunConfig, unused_sections
 from augfl_jax.training.outputs import (OutputDir, OutputDirError,
                                        PeerOutputDir)
 from augfl_jax.training.plan import Plan, prepare
@@ -102,6 +107,10 @@ def run(config: RunConfig | Plan, output_dir: str,
   plan = config if isinstance(config, Plan) else prepare(config)
   config = plan.config
   resume_changes = tuple(resume_changes)
+  loaded = None
+  if processes.count() > 1:  # before anything is read or written
+    _agree_on_flags(plan, output_dir, checkpoint_every, resume, overwrite,
+                    resume_changes)
   resuming.check_run_control(config, checkpoint_every, resume, overwrite,
                      resume_changes)
   if processes.count() > 1:  # process 0 writes; all run the client axis
@@ -118,13 +127,74 @@ def run(config: RunConfig | Plan, output_dir: str,
     if not processes.is_writer():
       log = lambda line: None
     log(f"client axis: {processes.describe(plan.strategy)}")
+    loaded = _load(plan, transform_data)  # agreed before the directory
+    _agree_on_data(plan, loaded[0])       # is touched
   out = (OutputDir if processes.is_writer() else PeerOutputDir)(output_dir)
   created = not os.path.exists(output_dir)
   out.check_writable()
   with out.lock(remove_if_unused=created), StopSignals() as stop:
     processes.sync("the run directory is locked")
     return _run_locked(plan, out, log, checkpoint_every, resume,
-                       overwrite, resume_changes, transform_data, stop)
+                       overwrite, resume_changes, transform_data, stop,
+                       loaded)
+
+
+def _agree_on_flags(plan: Plan, output_dir: str, checkpoint_every: int,
+                    resume: bool, overwrite: bool,
+                    resume_changes: tuple[str, ...]) -> None:
+  """Across processes: every process runs the same configuration (but
+  ``data.data_dir``, where its host keeps the files, which
+  :func:`_agree_on_data` checks by their contents; and the sections the
+  run does not read), with the same run control, into the same directory;
+  otherwise a ``ValueError`` naming the flags that differ, in every
+  process."""
+  ignored = unused_sections(plan.config) + ("data.data_dir",)
+  record = {f"--{name}": str(value)
+            for name, _, _, value in fields.walk(plan.config)
+            if not any(name == i or name.startswith(i + ".")
+                       for i in ignored)}
+  record.update({"--checkpoint_every": str(checkpoint_every),
+                 "--resume": str(resume), "--overwrite": str(overwrite),
+                 "--resume_changes": ",".join(resume_changes),
+                 "--output_dir": os.path.abspath(output_dir)})
+  differ = process_group.agree_on("flags", record)
+  if differ:
+    raise ValueError(
+        f"the {processes.count()} processes of the run were given different "
+        f"flags ({'; '.join(differ)}): give every process the same flags, "
+        "each its own --distributed.process_id; nothing was written")
+
+
+def _agree_on_data(plan: Plan, fed: data.FederatedData) -> None:
+  """Across processes: every process read the same data (the digests of
+  the partition's clients and of the server split); otherwise a
+  ``ValueError`` naming the parts that differ, in every process."""
+  parts = {"training clients": fed.train, "held-out clients": fed.test,
+           "server split": fed.server,
+           "test-split clients": None if fed.test_split is None
+           else fed.test_split.clients}
+  differ = process_group.agree_on(
+      "data", {f"the {name}' digest" if name.endswith("s") else
+               f"the {name}'s digest": tree.digest(part)[:12]
+               for name, part in parts.items()})
+  if differ:
+    raise ValueError(
+        f"the {processes.count()} processes of the run read different data "
+        f"({'; '.join(differ)}): give every process the same dataset files "
+        f"(this process read {plan.location.describe()}) and the same "
+        "flags; nothing was written")
+
+
+def _load(plan: Plan, transform_data) -> tuple[data.FederatedData, str]:
+  """The run's federated data (``transform_data`` applied) and its
+  description, ``partition.txt``."""
+  fed = wiring.load_federated(plan)
+  description = fed.describe()
+  if transform_data is not None:
+    fed = transform_data(fed)
+    if isinstance(fed, tuple):
+      fed, description = fed
+  return fed, description
 
 
 def _pretrains_pm(plan: Plan) -> bool:
@@ -134,12 +204,14 @@ def _pretrains_pm(plan: Plan) -> bool:
 
 
 def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
-                resume_changes, transform_data, stop) -> dict[str, Any]:
+                resume_changes, transform_data, stop, loaded
+               ) -> dict[str, Any]:
   checkpoints = RunCheckpoints(out.file("checkpoints"))
   try:
     checkpoints.remove_unfinished_saves()  # this run holds the lock
     summary = _train(plan, out, checkpoints, log, checkpoint_every,
-                     resume, overwrite, resume_changes, transform_data, stop)
+                     resume, overwrite, resume_changes, transform_data, stop,
+                     loaded)
   except BaseException:
     # A save in flight completes even when an exception stops the run; its
     # own failure, if any, is not reported over the one propagating.
@@ -150,7 +222,7 @@ def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
 
 
 def _train(plan, out, checkpoints, log, checkpoint_every, resume,
-           overwrite, resume_changes, transform_data, stop
+           overwrite, resume_changes, transform_data, stop, loaded
           ) -> dict[str, Any]:
   config = plan.config
   resumed_from = resuming.find_start(config, out, checkpoints, resume,
@@ -167,12 +239,7 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
     except OutputDirError:
       log(f"{out.file('summary.json')} is cut short: it is written again")
 
-  fed = wiring.load_federated(plan)
-  description = fed.describe()
-  if transform_data is not None:
-    fed = transform_data(fed)
-    if isinstance(fed, tuple):
-      fed, description = fed
+  fed, description = loaded or _load(plan, transform_data)
   num_clients = fed.train.num_clients
   if config.clients_per_round > num_clients:  # before anything compiles
     raise ValueError(f"--clients_per_round={config.clients_per_round} is "

@@ -4,13 +4,18 @@ together.
 :func:`initialize` is ``jax.distributed.initialize`` for a run (before any
 other JAX call; from ``experiments.run``'s ``--distributed.*`` flags, or on
 a cluster JAX detects), with the coordination service in a child process
-of process 0 and a :class:`Watchdog` in every process. The watchdog keeps a
+of process 0, behind a gate that admits only the run's processes and names
+those awaited (:mod:`.process_gate`), and a :class:`Watchdog` in every
+process. :func:`agree_on` compares what every process was given (the
+run's flags, its data) before the run starts. The watchdog keeps a
 heartbeat per process in the coordinator's key-value store; a process that
 stops (killed, or ended by an error: :func:`ending`, :func:`announce_stop`)
 ends the others within ``STALE_SECONDS`` with one line naming it and how
 the run goes on (:data:`hint`), instead of a hang in the next collective
-or the runtime's abort with a stack trace. :func:`leave` ends a process at
-once; :func:`finished` says that it finished its run.
+or the runtime's abort with a stack trace; it also ends the process on a
+signal that the main thread, stuck in a call, cannot take
+(:meth:`Watchdog.watch_signals`). :func:`leave` ends a process at once;
+:func:`finished` says that it finished its run.
 
 What the processes compute together (who writes, where the clients live,
 the decisions they agree on) is :mod:`augfl_jax.training.processes`.
@@ -20,19 +25,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from typing import Iterator
 
 import jax
 
+from augfl_jax.training import process_gate, safety
 from augfl_jax.training.processes import count, index
 
 __all__ = [
-    "announce_stop", "cluster_detected", "ending", "finished", "hint",
-    "initialize", "leave", "STALE_SECONDS", "Watchdog"
+    "agree_on", "announce_stop", "cluster_detected", "differences",
+    "ending", "finished", "hint", "initialize", "leave", "STALE_SECONDS",
+    "STARTUP_TIMEOUT", "STUCK_SECONDS", "Watchdog"
 ]
 
 # A peer whose heartbeat is older than this is taken to be gone.
@@ -41,6 +51,10 @@ BEAT_SECONDS = 0.5
 GRACE_SECONDS = 3.0
 # The runtime's own detection, a backstop behind the watchdog's.
 HEARTBEAT_TIMEOUT = 30
+# How long a process waits for the others to start (--distributed.startup_timeout).
+STARTUP_TIMEOUT = 60.0
+# A signal not taken within this ends the process (Watchdog.watch_signals).
+STUCK_SECONDS = 30.0
 _KEY = "augfl_jax/process/"
 _GONE = "augfl_jax/gone/"
 _watchdog = None  # this process's, once initialize() started it
@@ -64,23 +78,34 @@ def cluster_detected() -> bool:
 
 def initialize(coordinator: str | None = None,
                num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+               process_id: int | None = None,
+               startup_timeout: float = STARTUP_TIMEOUT) -> bool:
   """``jax.distributed.initialize`` for a run, before any other JAX call,
   and this process's :class:`Watchdog`; returns whether the run spans
   several processes.
 
   With no argument, initializes only on a cluster JAX detects
   (:func:`cluster_detected`); otherwise all three are needed (the
-  coordinator is ``host:port`` of process 0).
+  coordinator is ``host:port`` of process 0), and the process first joins
+  the run at the coordinator's gate (:mod:`.process_gate`: a process id
+  taken already is refused; while processes are missing each waiting one
+  names them, for at most ``startup_timeout`` seconds).
 
   Raises:
-    ValueError: some of the three given and not all, or out of range.
+    ValueError: some of the three given and not all, or out of range; a
+      process refused at the gate or not joined in time
+      (``process_gate.StartupError``).
   """
+  if startup_timeout <= 0:
+    raise ValueError("--distributed.startup_timeout must be > 0 seconds, "
+                     f"got {startup_timeout:g}")
   given = [v is not None for v in (coordinator, num_processes, process_id)]
   if not any(given):
     if not cluster_detected():
       return False
-    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+    jax.distributed.initialize(
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+        initialization_timeout=max(1, int(startup_timeout)))
   else:
     if not all(given):
       raise ValueError(
@@ -94,14 +119,26 @@ def initialize(coordinator: str | None = None,
           f"{num_processes})")
     if num_processes == 1:
       return False
-    with _service_in_a_child(coordinator, num_processes, process_id):
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ValueError(f"--distributed.coordinator={coordinator} is not "
+                       "host:port (e.g. host0:1234)")
+    start = time.monotonic()
+    with _service_in_a_child(coordinator, num_processes, process_id) as (
+        gated):
+      if gated:  # JAX's client connects to the service behind the gate
+        coordinator = f"{host}:" + str(process_gate.join(
+            host, int(port), process_id, num_processes, startup_timeout,
+            lambda line: print(line, file=sys.stderr, flush=True)))
       jax.distributed.initialize(
           coordinator_address=coordinator, num_processes=num_processes,
-          process_id=process_id,
-          heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT)
+          process_id=process_id, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+          initialization_timeout=max(
+              10, int(startup_timeout - (time.monotonic() - start))))
   if jax.process_count() > 1:
     global _watchdog
     _watchdog = Watchdog()
+    _watchdog.watch_signals()
     _watchdog.start()
     # Registered after JAX's own exit handler, so it runs before it.
     atexit.register(_watchdog.stop)
@@ -110,19 +147,11 @@ def initialize(coordinator: str | None = None,
 
 # The coordination service, in a process of its own: it outlives process
 # 0 by LINGER_SECONDS, so that the others' watchdogs, not the runtime's
-# abort, end them when process 0 is killed.
+# abort, end them when process 0 is killed. The child loads process_gate
+# by its path: the package's imports would take seconds.
 LINGER_SECONDS = STALE_SECONDS + GRACE_SECONDS + 10
-_SERVE = """
-import os, sys, time
-from jax._src.lib import _jax
-bind, num, heartbeat, parent, linger = sys.argv[1:]
-service = _jax.get_distributed_runtime_service(
-    bind, int(num), heartbeat_timeout=int(heartbeat))
-print("serving", flush=True)
-while os.getppid() == int(parent):
-  time.sleep(0.2)
-time.sleep(float(linger))
-"""
+_SERVE = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name="
+          "'augfl_jax_gate')['serve'](*sys.argv[2:])")
 
 
 class _NoService:
@@ -135,12 +164,14 @@ class _NoService:
 
 @contextlib.contextmanager
 def _service_in_a_child(coordinator: str, num_processes: int,
-                        process_id: int):
-  """For process 0, while ``jax.distributed.initialize`` runs: the
-  coordination service started in a child process instead of this one
-  (JAX's own is in process 0, and its end would abort the others at once,
-  with a stack trace, before any watchdog speaks). Where JAX's internals
-  differ from the ones this knows, JAX's own service is kept."""
+                        process_id: int) -> Iterator[bool]:
+  """While ``jax.distributed.initialize`` runs: for process 0, the
+  coordination service and its gate started in a child process
+  (:func:`process_gate.serve`) instead of JAX's service in this one (whose
+  end would abort the others at once, with a stack trace, before any
+  watchdog speaks). Yields whether the run has a gate: where JAX's
+  internals differ from the ones this knows, it has none and JAX's own
+  service is kept (on the coordinator's port)."""
   try:
     from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
     lib = jax_distributed._jax  # pylint: disable=protected-access
@@ -148,23 +179,27 @@ def _service_in_a_child(coordinator: str, num_processes: int,
   except (ImportError, AttributeError):
     start = None
   if process_id != 0 or start is None:
-    yield
+    yield start is not None
     return
   child = subprocess.Popen(  # pylint: disable=consider-using-with
-      [sys.executable, "-c", _SERVE, "[::]:" + coordinator.rsplit(":", 1)[1],
-       str(num_processes), str(HEARTBEAT_TIMEOUT), str(os.getpid()),
-       str(LINGER_SECONDS)], stdin=subprocess.DEVNULL,
-      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-      start_new_session=True)
-  if child.stdout.readline().strip() != b"serving":  # it could not bind
+      [sys.executable, "-c", _SERVE, process_gate.__file__,
+       coordinator.rsplit(":", 1)[1], str(num_processes),
+       str(HEARTBEAT_TIMEOUT), str(os.getpid()), str(LINGER_SECONDS)],
+      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL, start_new_session=True)
+  said = child.stdout.readline().strip()
+  if not said.startswith(b"serving "):
     child.wait()
-    raise ValueError(f"--distributed.coordinator={coordinator}: the "
-                     "coordination service cannot listen on its port (in "
-                     "use?); choose another port")
+    raise ValueError(
+        f"--distributed.coordinator={coordinator}: " +
+        (f"its port is in use (by another run's coordinator, or by a run's"
+         f" that ended less than {LINGER_SECONDS:g} s ago); choose another "
+         "port, or wait" if said == b"in use" else "the coordination "
+         "service could not start (no free port for it?)"))
   child.stdout.close()
   lib.get_distributed_runtime_service = lambda *a, **k: _NoService()
   try:
-    yield
+    yield True
   finally:
     lib.get_distributed_runtime_service = start
 
@@ -189,22 +224,123 @@ def announce_stop(reason: str) -> None:
       pass
 
 
+_AGREE = "augfl_jax/agree/"
+_agreements = 0  # how many agree_on calls this process made
+
+
+def differences(records: list[dict[str, str]]) -> list[str]:
+  """``"--rounds: 3 on process 0, 5 on process 1"`` for each entry whose
+  value is not the same in every record (``records[i]``: process
+  ``i``'s), in the order of the entries."""
+  out = []
+  for name in dict.fromkeys(k for r in records for k in r):
+    by_value = {}
+    for i, record in enumerate(records):
+      by_value.setdefault(record.get(name, "(absent)"), []).append(str(i))
+    if len(by_value) > 1:
+      out.append(f"{name}: " + ", ".join(
+          f"{value} on process {ids[0]}" if len(ids) == 1 else
+          f"{value} on processes {', '.join(ids[:-1])} and {ids[-1]}"
+          for value, ids in by_value.items()))
+  return out
+
+
+def agree_on(what: str, record: dict[str, str]) -> list[str]:
+  """Every process's ``record`` of ``what`` (e.g. the run's flags, its
+  data's digests) against the others': :func:`differences`, the same list
+  in every process (empty where they agree; always in one process). Every
+  process calls it, in the same order; each waits, in the coordinator's
+  key-value store, until all have given theirs (a process that stops
+  meanwhile stops it through its watchdog)."""
+  global _agreements
+  if count() == 1:
+    return []
+  _agreements += 1
+  prefix = f"{_AGREE}{_agreements}/{what}/"
+  client = _client()
+  client.key_value_set(f"{prefix}{index()}", json.dumps(record))
+  while True:
+    given = dict(client.key_value_dir_get(prefix))
+    if len(given) >= count():
+      break
+    time.sleep(0.1)
+  return differences([json.loads(given[f"{prefix}{i}"])
+                      for i in range(count())])
+
+
 class Watchdog(threading.Thread):
   """Ends this process, with one line on stderr and exit code 1, within
   ``STALE_SECONDS`` of another process's end: its heartbeat stops (killed)
   or it announced its stop (:func:`announce_stop`), or the coordinator
   (process 0) is gone. A process that finished its run announces so and
-  is not waited for."""
+  is not waited for. It also ends this process on a signal that its main
+  thread cannot take (:meth:`watch_signals`)."""
 
   def __init__(self):
     super().__init__(name="augfl_jax-watchdog", daemon=True)
     self.client, self.me, self.n = _client(), index(), count()
     self.done = threading.Event()
+    self.signals, self.taken_before = None, 0
+    self.arrived: list[tuple[int, float]] = []  # (signal, when) received
+
+  def watch_signals(self) -> None:
+    """From the main thread: SIGINT and SIGTERM reach this watchdog too
+    (``signal.set_wakeup_fd``), even while the main thread is inside one
+    call, where its handler cannot run. A signal that the process has not
+    taken (``StopSignals``) within ``STUCK_SECONDS`` (the main thread waits
+    in a collective that another process never joins, or in one long
+    computation), or a second one not taken, ends the process with one
+    line, the exit code of the signal and :data:`hint`. Nothing is done
+    where the wakeup descriptor is someone else's already."""
+    if threading.current_thread() is not threading.main_thread():
+      return
+    read, write = os.pipe()
+    for fd in (read, write):
+      os.set_blocking(fd, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    if previous != -1:
+      signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+      os.close(read)
+      os.close(write)
+      return
+    self.signals, self.taken_before = read, safety.StopSignals.taken
+
+  def _check_signals(self, now: float, at_once: bool = False) -> None:
+    """Ends the process on a signal that its main thread has not taken
+    (:meth:`watch_signals`); ``at_once``: without waiting for
+    ``STUCK_SECONDS`` (another process stopped: this one stops now, on its
+    own signal rather than on the other's stop)."""
+    try:
+      received = os.read(self.signals, 256) if self.signals else b""
+    except BlockingIOError:
+      received = b""
+    self.arrived += [(s, now) for s in received
+                     if s in (signal.SIGINT, signal.SIGTERM)]
+    untaken = len(self.arrived) - (safety.StopSignals.taken -
+                                   self.taken_before)
+    if untaken <= 0:
+      return
+    signum, since = self.arrived[-untaken]  # the oldest one not taken
+    name = signal.Signals(signum).name
+    if untaken > 1:
+      line = (f"interrupted at once (a second signal, {name}): process "
+              f"{self.me} stops without saving")
+    elif at_once or now - since > STUCK_SECONDS:
+      line = (f"interrupted: {name}, which process {self.me} has not taken "
+              f"within {STUCK_SECONDS:g} s (it waits in a collective that "
+              "another process does not join, or in one long computation):"
+              " it stops now, without saving")
+    else:
+      return
+    announce_stop(f"interrupted ({name})")
+    print(f"{line}; {hint}", file=sys.stderr, flush=True)
+    leave(128 + signum)
 
   def run(self):
     beat, seen = 0, {}
     while not self.done.is_set():
       beat += 1
+      self._check_signals(time.monotonic())
       try:
         self.client.key_value_set(f"{_KEY}{self.me}", f"beat {beat}",
                                   allow_overwrite=True)
@@ -222,6 +358,7 @@ class Watchdog(threading.Thread):
           # An end all processes agreed on (a signal, a non-finite round)
           # ends this one too, in the meantime, with its own message.
           self.done.wait(GRACE_SECONDS)
+          self._check_signals(time.monotonic(), at_once=True)
           self.end(f"process {i} stopped: {value[len('stopped '):]}")
         last = seen.get(i)
         if last is None or last[0] != value:
@@ -250,12 +387,19 @@ class Watchdog(threading.Thread):
     leave(1)
 
 
+_leaving = threading.Event()  # leave() was called
+
+
 def leave(code: int) -> None:
   """Ends this process at once with exit ``code`` (``os._exit``: not in
   ``jax.distributed``'s wait for processes that stopped). Process 0 first
   waits a few seconds for the others that still answer to leave: where
   JAX's coordination service runs inside it (on a cluster JAX detects),
-  its exit would abort them with a stack trace."""
+  its exit would abort them with a stack trace. A second call, from
+  another thread, waits for the first one's end (its code stands)."""
+  if _leaving.is_set():
+    threading.Event().wait()
+  _leaving.set()
   sys.stdout.flush()
   sys.stderr.flush()
   if count() > 1:
@@ -288,7 +432,11 @@ def ending(message: str) -> str:
   returns to be printed, after telling the other processes
   (:func:`announce_stop`). When the error is a collective's failure and
   another process is gone, this process's watchdog ends it first, with the
-  line that names that process (waiting at most ``STALE_SECONDS``)."""
+  line that names that process (waiting at most ``STALE_SECONDS``). A
+  process that its watchdog ends already (a signal it could not take, a
+  process gone) says nothing more: this waits for that end."""
+  if _leaving.is_set():
+    threading.Event().wait()
   if (_watchdog is not None and not _watchdog.done.is_set()
       and any(s in message for s in _LOST)):
     _watchdog.join(STALE_SECONDS + 4 * BEAT_SECONDS)

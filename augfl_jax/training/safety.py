@@ -162,11 +162,16 @@ class StopSignals:
   ``KeyboardInterrupt``), unless the caller has taken it (:meth:`take`).
   """
 
+  # How many signals the handlers of all StopSignals have taken (a run
+  # across processes checks that its signals are: process_group).
+  taken = 0
+
   def __init__(self):
     self.signum, self._old = None, {}
 
   def _handle(self, signum, frame):
     del frame
+    StopSignals.taken += 1
     if self.signum is not None:
       raise KeyboardInterrupt
     self.signum = signum
