@@ -133,7 +133,8 @@ def define_run_control_flags(output_dir_default: str = RUN_OUTPUT_DIR
 def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
                             ) -> None:
   """``--distributed.coordinator``, ``--distributed.num_processes``,
-  ``--distributed.process_id`` and ``--distributed.startup_timeout``: the
+  ``--distributed.process_id``, ``--distributed.startup_timeout`` and
+  ``--distributed.service_port``: the
   command as one of the processes of a run across processes or hosts
   (``training.process_group``)."""
   flags.DEFINE_string(
@@ -155,6 +156,13 @@ def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
                      "process waits for the others to start (naming those "
                      "it waits for) before it gives up", lower_bound=1,
                      flag_values=flag_values)
+  flags.DEFINE_integer("distributed.service_port", 0, "the port of JAX's "
+                       "coordination service on process 0's host, behind "
+                       "the coordinator's port, which every process "
+                       "reaches too; 0: one the system picks (open one "
+                       "where a firewall stands between the hosts)",
+                       lower_bound=0, upper_bound=65535,
+                       flag_values=flag_values)
 
 
 def start_processes() -> bool:
@@ -164,7 +172,8 @@ def start_processes() -> bool:
       FLAGS["distributed.coordinator"].value,
       FLAGS["distributed.num_processes"].value,
       FLAGS["distributed.process_id"].value,
-      FLAGS["distributed.startup_timeout"].value)
+      FLAGS["distributed.startup_timeout"].value,
+      FLAGS["distributed.service_port"].value)
 
 
 def config_from_flags(flag_values: flags.FlagValues = FLAGS

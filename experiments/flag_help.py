@@ -28,7 +28,8 @@ RUN_CONTROL = ("output_dir", "checkpoint_every", "resume", "overwrite",
                "resume_changes", "compilation_cache", "compilation_cache_dir",
                "imports")
 DISTRIBUTED = ("distributed.coordinator", "distributed.num_processes",
-               "distributed.process_id", "distributed.startup_timeout")
+               "distributed.process_id", "distributed.startup_timeout",
+               "distributed.service_port")
 HELP_SHORT = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 HELP_FULL = ("--helpfull", "-helpfull")
 WIDTH = 80

@@ -422,6 +422,25 @@ def test_the_gate_admits_the_run_s_processes_and_refuses_others(
       f"3 at localhost:{port} (") for line in said), said
 
 
+def test_the_coordination_service_listens_on_the_port_it_is_given():
+  """--distributed.service_port: the service behind the gate on a port a
+  firewall can open, not one the system picks."""
+  gate_port, service_port = (local_processes.free_port(),
+                             local_processes.free_port())
+  parent = subprocess.Popen([sys.executable, "-c",  # pylint: disable=consider-using-with
+                             "import time; time.sleep(60)"])
+  try:
+    child = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-c", process_group._SERVE, process_gate.__file__,  # pylint: disable=protected-access
+         str(gate_port), "2", "30", str(parent.pid), "0", str(service_port)],
+        stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == f"serving {service_port}"
+  finally:
+    parent.kill()
+    parent.wait()
+  assert child.wait(timeout=30) == 0  # no process joined: it ends at once
+
+
 def test_without_a_coordinator_the_wait_names_it_and_ends_in_one_line(
     tmp_path):
   """Before, a process whose peer never started was silent for 300 s, then

@@ -203,9 +203,9 @@ def join(host: str, port: int, process_id: int, num_processes: int,
 
 
 def serve(port: str, num_processes: str, heartbeat: str, parent: str,
-          linger: str) -> None:
+          linger: str, service_port: str = "0") -> None:
   """Process 0's child: the gate on ``port``, JAX's coordination service
-  on a port the system picks, both kept until ``linger`` seconds after the
+  on ``service_port`` (``"0"``: a port the system picks), both kept until ``linger`` seconds after the
   process ``parent`` is gone (at once when no other process joined: none
   needs the service to hear of its end). Prints one line once both listen,
   ``serving <service port>``, or why not: ``in use`` (the gate's port is
@@ -216,9 +216,13 @@ def serve(port: str, num_processes: str, heartbeat: str, parent: str,
     print("in use", flush=True)
     return
   from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-  for _ in range(5):
-    with _listen(0) as probe:  # a port nothing listens on now
-      service_port = probe.getsockname()[1]
+  fixed = int(service_port)
+  for _ in range(1 if fixed else 5):
+    if fixed:
+      service_port = fixed
+    else:
+      with _listen(0) as probe:  # a port nothing listens on now
+        service_port = probe.getsockname()[1]
     try:
       service = _jax.get_distributed_runtime_service(  # pylint: disable=unused-variable
           f"[::]:{service_port}", int(num_processes),

@@ -79,7 +79,8 @@ def cluster_detected() -> bool:
 def initialize(coordinator: str | None = None,
                num_processes: int | None = None,
                process_id: int | None = None,
-               startup_timeout: float = STARTUP_TIMEOUT) -> bool:
+               startup_timeout: float = STARTUP_TIMEOUT,
+               service_port: int = 0) -> bool:
   """``jax.distributed.initialize`` for a run, before any other JAX call,
   and this process's :class:`Watchdog`; returns whether the run spans
   several processes.
@@ -89,7 +90,9 @@ def initialize(coordinator: str | None = None,
   coordinator is ``host:port`` of process 0), and the process first joins
   the run at the coordinator's gate (:mod:`.process_gate`: a process id
   taken already is refused; while processes are missing each waiting one
-  names them, for at most ``startup_timeout`` seconds).
+  names them, for at most ``startup_timeout`` seconds). JAX's coordination
+  service listens behind the gate on ``service_port`` of process 0's host
+  (0: a port the system picks), which every process must reach too.
 
   Raises:
     ValueError: some of the three given and not all, or out of range; a
@@ -124,8 +127,8 @@ def initialize(coordinator: str | None = None,
       raise ValueError(f"--distributed.coordinator={coordinator} is not "
                        "host:port (e.g. host0:1234)")
     start = time.monotonic()
-    with _service_in_a_child(coordinator, num_processes, process_id) as (
-        gated):
+    with _service_in_a_child(coordinator, num_processes, process_id,
+                             service_port) as gated:
       if gated:  # JAX's client connects to the service behind the gate
         coordinator = f"{host}:" + str(process_gate.join(
             host, int(port), process_id, num_processes, startup_timeout,
@@ -164,7 +167,8 @@ class _NoService:
 
 @contextlib.contextmanager
 def _service_in_a_child(coordinator: str, num_processes: int,
-                        process_id: int) -> Iterator[bool]:
+                        process_id: int, service_port: int = 0
+                       ) -> Iterator[bool]:
   """While ``jax.distributed.initialize`` runs: for process 0, the
   coordination service and its gate started in a child process
   (:func:`process_gate.serve`) instead of JAX's service in this one (whose
@@ -184,7 +188,8 @@ def _service_in_a_child(coordinator: str, num_processes: int,
   child = subprocess.Popen(  # pylint: disable=consider-using-with
       [sys.executable, "-c", _SERVE, process_gate.__file__,
        coordinator.rsplit(":", 1)[1], str(num_processes),
-       str(HEARTBEAT_TIMEOUT), str(os.getpid()), str(LINGER_SECONDS)],
+       str(HEARTBEAT_TIMEOUT), str(os.getpid()), str(LINGER_SECONDS),
+       str(service_port)],
       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL, start_new_session=True)
   said = child.stdout.readline().strip()
@@ -195,7 +200,9 @@ def _service_in_a_child(coordinator: str, num_processes: int,
         (f"its port is in use (by another run's coordinator, or by a run's"
          f" that ended less than {LINGER_SECONDS:g} s ago); choose another "
          "port, or wait" if said == b"in use" else "the coordination "
-         "service could not start (no free port for it?)"))
+         "service could not start (" + (
+             f"--distributed.service_port={service_port} is in use"
+             if service_port else "no free port for it?") + ")"))
   child.stdout.close()
   lib.get_distributed_runtime_service = lambda *a, **k: _NoService()
   try:
