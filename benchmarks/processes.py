@@ -25,9 +25,9 @@ import statistics
 import tempfile
 from typing import Any
 
-from absl import app
 from absl import flags
 
+from benchmarks import command
 from experiments import local_processes
 
 FLAGS = flags.FLAGS
@@ -37,9 +37,13 @@ def define_flags() -> None:
   flags.DEFINE_string("common", "--dataset=digits --rounds=30 "
                       "--eval_every=10", "flags of every run")
   flags.DEFINE_list("processes", ["1", "2", "4"], "process counts")
-  flags.DEFINE_integer("devices_per_process", 1, "CPU devices per process")
-  flags.DEFINE_integer("repeats", 2, "runs per process count")
+  flags.DEFINE_integer("devices_per_process", 1, "CPU devices per process",
+                       lower_bound=1)
+  flags.DEFINE_integer("repeats", 2, "runs per process count", lower_bound=1)
   flags.DEFINE_string("output", "processes.json", "JSON results path")
+  command.check("common", shlex.split)
+  command.integers("processes", 1)
+  command.output()
 
 
 def run_once(num_processes: int, devices: int, args: list[str],
@@ -113,5 +117,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

@@ -29,8 +29,9 @@ import tempfile
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
+
+from benchmarks import command
 
 FLAGS = flags.FLAGS
 
@@ -41,10 +42,13 @@ def define_flags() -> None:
   flags.DEFINE_string("common", "", "flags of every run")
   flags.DEFINE_string("variants", "vmap_xla=--strategy=vmap --conv_impl=xla;"
                       "auto=", "label=flags pairs separated by ';'")
-  flags.DEFINE_integer("repeats", 2, "timed runs per variant")
+  flags.DEFINE_integer("repeats", 2, "timed runs per variant", lower_bound=1)
   flags.DEFINE_bool("warmup", True, "one untimed --rounds=2 run per variant "
                     "first (fills the compilation cache)")
   flags.DEFINE_string("output", "run_defaults.json", "JSON results path")
+  command.check("common", shlex.split)
+  command.check("variants", parse_variants)
+  command.output()
 
 
 def parse_variants(text: str) -> list[tuple[str, list[str]]]:
@@ -117,5 +121,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

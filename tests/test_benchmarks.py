@@ -1,9 +1,15 @@
-"""The benchmark harness on a tiny grid: it runs and writes the JSON fields."""
+"""The benchmark harness on a tiny grid: it runs and writes the JSON fields;
+every command refuses a bad flag value in one line and prints its flags for
+``--help``."""
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
+import subprocess
+import sys
 import types
 
 import jax
@@ -209,3 +215,64 @@ def test_crd_cost_variants_take_the_students_convolutions_and_loop():
   cpu = jax.default_backend() == "cpu"
   assert presets.crd_loop("xla") == ("python" if cpu else "scan")
   assert presets.crd_loop("patches") == "scan"
+
+
+# ----------------------------------------------------------------------------
+# Every command's flags: a bad value is one line and exit code 2 before any
+# work; --help exits 0 with the command's own flags.
+
+# command -> (a value its flags refuse, the line that refuses it). The first
+# runs in the default suite; each is two processes of a few seconds.
+REFUSED = {
+    "round_cost": ("--models=nosuch", "flag --models=['nosuch']: each item "
+                   "must be one of cnn, cnn_dense16, cnn_digits, logreg, mlp, "
+                   "resnet8x4, tiny_cnn, got 'nosuch'"),
+    "crd_cost": ("--clients=-1", "flag --clients=-1: -1 is not a "
+                 "non-negative integer"),
+    "crd_profile": ("--crd.nce_k=0", "flag --crd.nce_k=0: crd.nce_k must be "
+                    ">= 1, got 0"),
+    "eval_cost": ("--dataset=nosuch", "flag --dataset=nosuch: unknown dataset "
+                  "'nosuch'; choose one of"),
+    "hvp_forms": ("--examples=0", "flag --examples=0: 0 is not a positive "
+                  "integer"),
+    "head_to_head": ("--augfl.alpha=0", "flag --augfl.alpha=0.0: augfl.alpha "
+                     "must be > 0, got 0.0"),
+    "run_defaults": ("--variants=vmap", "flag --variants=vmap: a variant is "
+                     "label=flags, got 'vmap'"),
+    "processes": ("--processes=2,0", "flag --processes=['2', '0']: each item "
+                  "must be an integer >= 1, got '0'"),
+    "plot": ("--value=seconds", "flag --value=seconds: value should be one "
+             "of <time|memory>"),
+}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _command(tmp_path, name, *args):
+  return subprocess.run(
+      [sys.executable, "-m", f"benchmarks.{name}", *args], cwd=tmp_path,
+      env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+      timeout=300, check=False)
+
+
+def test_every_benchmark_command_is_checked():
+  commands = {os.path.basename(path)[:-3] for path in glob.glob(
+      os.path.join(ROOT, "benchmarks", "*.py"))
+              if 'if __name__ == "__main__":' in open(path).read()}
+  assert commands == set(REFUSED)
+
+
+@pytest.mark.parametrize("name", [
+    name if i == 0 else pytest.param(name, marks=pytest.mark.slow)
+    for i, name in enumerate(REFUSED)])
+def test_a_bad_value_is_one_line_and_help_exits_0(tmp_path, name):
+  value, line = REFUSED[name]
+  result = _command(tmp_path, name, value)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.startswith(f"error: {line}"), result.stderr
+  assert result.stderr.count("\n") == 1 and not result.stdout
+  assert not os.listdir(tmp_path)  # nothing written
+  result = _command(tmp_path, name, "--help")
+  assert result.returncode == 0, result.stderr
+  assert f"the flags of python -m benchmarks.{name}:" in result.stdout
+  flag = value.partition("=")[0]
+  assert f"\n  {flag}: " in result.stdout  # among the command's own flags
