@@ -44,7 +44,8 @@ import orbax.checkpoint as ocp
 
 from augfl_jax.storage.checkpoint import (DamagedCheckpointError,
                                           check_checksums, check_seal,
-                                          checksums, restore_target, seal)
+                                          checksums, failure_reason,
+                                          restore_target, seal)
 from augfl_jax.training import processes
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
@@ -55,18 +56,18 @@ class CheckpointError(ValueError):
   line: which, and why)."""
 
 
-def _reason(e: BaseException) -> str:
-  """The first line of an exception's message, at most 200 characters."""
-  text = str(e).strip()
-  return text.splitlines()[0][:200] if text else type(e).__name__
+# One line for an exception of orbax's, without TensorStore's internals.
+_reason = failure_reason
 
 
 def _quiet_closed_loop_callbacks() -> None:
-  """Drops the ``RuntimeError('Event loop is closed')`` that TensorStore's
-  callbacks raise into ``sys.unraisablehook`` when orbax has given up on a
-  damaged or unwritable checkpoint and closed its event loop (one
-  traceback per array, after the error itself was raised and reported);
-  every other unraisable exception goes to the hook installed before."""
+  """Drops what orbax leaves to ``sys.unraisablehook`` when it has given
+  up on a damaged or unwritable checkpoint, after the error itself was
+  raised and reported: the ``RuntimeError('Event loop is closed')`` of
+  TensorStore's callbacks, and the error of each of its reads still in
+  flight, raised again as the read is closed (a traceback of dozens of
+  lines per array); every other unraisable exception goes to the hook
+  installed before."""
   previous = sys.unraisablehook
   if getattr(previous, "_augfl_jax_filter", False):
     return
@@ -74,6 +75,9 @@ def _quiet_closed_loop_callbacks() -> None:
   def hook(unraisable):
     if (isinstance(unraisable.exc_value, RuntimeError) and
         str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
       return
     previous(unraisable)
   hook._augfl_jax_filter = True  # pylint: disable=protected-access
