@@ -30,6 +30,9 @@ from experiments import cli
 from experiments.plot import check_output, parse_flags_and_paths
 
 FLAGS = flags.FLAGS
+# What every result of round_cost records, that a figure reads.
+RESULT_KEYS = ("algorithm", "model", "conv_impl", "examples", "num_clients",
+               "strategy", "round_s")
 
 
 def load(paths: list[str]) -> list[dict[str, Any]]:
@@ -46,13 +49,18 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
   for path in paths:
     try:
       with open(path) as fh:
-        results.extend(json.load(fh)["results"])
+        found = json.load(fh)["results"]
+      lacking = [k for k in RESULT_KEYS for r in found if k not in r]
     except (OSError, ValueError, KeyError, TypeError) as e:
-      reason = e.strerror if isinstance(e, OSError) else (
+      lacking = [e.strerror if isinstance(e, OSError) else (
           "it has no results" if isinstance(e, (KeyError, TypeError))
-          else "it is not JSON")
+          else "it is not JSON")]
+    else:
+      lacking = [f"a result has no {lacking[0]!r}"] if lacking else []
+    if lacking:
       raise ValueError(f"{path}: not a results file of "
-                       f"benchmarks.round_cost ({reason})") from None
+                       f"benchmarks.round_cost ({lacking[0]})")
+    results.extend(found)
   return results
 
 

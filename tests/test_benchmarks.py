@@ -133,6 +133,28 @@ def test_plot_writes_png(tmp_path):
   plot.plot(results + factored, str(path), "memory")
 
 
+def test_plot_names_a_file_it_cannot_read(tmp_path):
+  pytest.importorskip("matplotlib")
+  from benchmarks import plot  # pylint: disable=g-import-not-at-top
+  files = {"missing.json": None, "text.json": "not JSON",
+           "other.json": json.dumps({"rows": []}),
+           "partial.json": json.dumps({"results": [{"algorithm": "augfl"}]})}
+  for name, text in files.items():
+    if text is not None:
+      (tmp_path / name).write_text(text)
+  reasons = {}
+  for name in files:
+    with pytest.raises(ValueError) as e:
+      plot.load([str(tmp_path / name)])
+    reasons[name] = str(e.value).rpartition(" (")[2]
+  assert reasons == {"missing.json": "No such file or directory)",
+                     "text.json": "it is not JSON)",
+                     "other.json": "it has no results)",
+                     "partial.json": "a result has no 'model')"}
+  with pytest.raises(ValueError, match="name the JSON files"):
+    plot.load([])
+
+
 def test_run_defaults_parses_variants_and_pairs_ratios_by_repeat():
   assert run_defaults.parse_variants(
       "vmap_xla=--strategy=vmap --conv_impl=xla;auto=") == [
