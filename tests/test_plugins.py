@@ -111,9 +111,34 @@ def test_the_commands_import_a_users_modules(plugins, tmp_path,
                                     "module named 'not_a_module')")
 
 
-# A method of one's own whose config cannot be built from its defaults: a
-# default that breaks its own field's rule, or a config that is no dataclass.
+# A method of one's own whose config cannot be built from its defaults (a
+# default that breaks its own field's rule, a field without a default), that
+# is no dataclass, or whose field no flag can take.
+_CONFIG = ("import dataclasses\n"
+           "from augfl_jax import algorithms\n"
+           "from augfl_jax.algorithms import averaging, fedavg\n"
+           "from augfl_jax.core import fields\n\n"
+           "@dataclasses.dataclass(frozen=True)\n"
+           "class OwnConfig(fields.Config):\n"
+           "  {field}\n"
+           "  local_epochs: int = fields.field(1, 'local epochs', ge=1)\n"
+           "  batch_size: int = fields.field(10, 'minibatch size', ge=1)\n\n"
+           "algorithms.register(algorithms.AlgorithmSpec(\n"
+           "    'own', OwnConfig, 'none',\n"
+           "    averaging.constructor('own', fedavg.make_round), "
+           "label='Own'))\n")
 BROKEN = {
+    "no_default": (
+        _CONFIG.format(field="lr: float = fields.field(help='step', gt=0)"),
+        "error: --imports: no_default does not import (ValueError: "
+        "algorithm 'own': its config OwnConfig cannot be built from its "
+        "defaults (TypeError: OwnConfig.__init__() missing 1 required "
+        "positional argument: 'lr'); give every field a default)"),
+    "dict_field": (
+        _CONFIG.format(field="lr: dict = fields.field(default_factory=dict)"),
+        "error: --imports: dict_field does not import (TypeError: algorithm "
+        "'own': OwnConfig.lr is of type dict, which no flag --own.lr can "
+        "take; make it one of bool, int, float, str, tuple (or None))"),
     "bad_default": (
         "import dataclasses\n"
         "from augfl_jax import algorithms\n"
@@ -172,8 +197,7 @@ def test_a_plugin_whose_config_defaults_do_not_build_is_one_line(
     cli.import_requested(["run", f"--imports={name}"])
   assert e.value.code == 2
   assert capsys.readouterr().err == BROKEN[name][1] + "\n"
-  assert "badlr" not in algorithms.REGISTRY
-  assert "plain" not in algorithms.REGISTRY
+  assert not {"badlr", "plain", "own"} & set(algorithms.REGISTRY)
   training.config.config_class()()  # the commands build their flags
 
 

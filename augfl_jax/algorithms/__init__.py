@@ -52,6 +52,8 @@ __all__ = ["AlgorithmSpec", "CLIENT_SIZE_ROLES", "FederatedAlgorithm",
 MODULES = (augfl, fedavg, per_fedavg, fedbc, fedproto, fedpcl, fedcp, fedit,
            fedoa)
 _REGISTRY: dict[str, AlgorithmSpec] = {}
+# The types of a config's fields, each a flag (experiments.cli).
+_FLAG_TYPES = (bool, int, float, str, tuple)
 # name -> AlgorithmSpec, read-only: ``register`` adds to it.
 REGISTRY: Mapping[str, AlgorithmSpec] = types.MappingProxyType(_REGISTRY)
 
@@ -63,7 +65,7 @@ def register(spec_: AlgorithmSpec) -> AlgorithmSpec:
 
   Raises:
     TypeError: ``spec_`` is not an ``AlgorithmSpec``, or its config class
-      is not a dataclass.
+      is not a dataclass or has a field of a type no flag takes.
     ValueError: its name is taken by another spec, or its config class
       cannot be built from its defaults (a default that breaks its own
       field's rule: every command builds it so, for its flags).
@@ -82,16 +84,16 @@ def register(spec_: AlgorithmSpec) -> AlgorithmSpec:
 
 def _check_defaults(spec_: AlgorithmSpec) -> None:
   """Raises, as :func:`register` says, for a config class of ``spec_``
-  that is not a dataclass or whose defaults break a rule of its fields;
-  the message names the algorithm, the field and its flag (its section is
-  a registered method's name)."""
+  that is not a dataclass, whose defaults break a rule of its fields, or
+  with a field of a type no flag takes; the message names the algorithm,
+  the field and its flag (its section is a registered method's name)."""
   cls, where = spec_.config_class, f"algorithm {spec_.name!r}"
   if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
     raise TypeError(f"{where}: its config class {cls!r} is not a dataclass; "
                     "make it a frozen dataclass of fields.Config, with a "
                     "default for every field")
   try:
-    cls()
+    config = cls()
   except fields.FieldError as e:
     field = fields.FieldError(f"{spec_.name}.{e.name}", e.rule)
     raise ValueError(f"{where}: the default of {cls.__name__}.{e.name} "
@@ -102,6 +104,14 @@ def _check_defaults(spec_: AlgorithmSpec) -> None:
     raise ValueError(f"{where}: its config {cls.__name__} cannot be built "
                      f"from its defaults ({type(e).__name__}: {reason}); "
                      "give every field a default") from None
+  for name, _, owner, _ in fields.walk(config):
+    kind = fields.leaf_type(owner, name.rpartition(".")[2])
+    if kind not in _FLAG_TYPES:
+      raise TypeError(f"{where}: {cls.__name__}.{name} is of type "
+                      f"{getattr(kind, '__name__', kind)}, which no flag "
+                      f"--{spec_.name}.{name} can take; make it one of "
+                      + ", ".join(t.__name__ for t in _FLAG_TYPES)
+                      + " (or None)")
 
 
 for _module in MODULES:
