@@ -198,25 +198,32 @@ def _cut_short(path):
   os.truncate(path, os.path.getsize(path) // 3)
 
 
-def test_a_cut_short_array_is_named_and_its_checkpoint_set_aside(tmp_path):
-  """An array file of the newest checkpoint cut short: the resume names the
-  file's array and directory in one line, without TensorStore's
-  internals, sets the step aside and resumes from the one before."""
+@pytest.mark.parametrize("cut", ["an array", "the metadata"])
+def test_a_cut_short_file_is_named_and_its_checkpoint_set_aside(tmp_path,
+                                                                cut):
+  """An array file, or the metadata, of the newest checkpoint cut short:
+  the resume names the file (an array's: its array and directory) in one
+  line, without TensorStore's internals, sets the step aside and resumes
+  from the one before."""
   out = str(tmp_path / "run")
   config = _config(rounds=4, eval_every=2)
   training.run(config, out, log=QUIET, checkpoint_every=2)
   step_4 = os.path.join(out, "checkpoints", "step_4")
-  _cut_short(_array_files(step_4)[-1])
+  if cut == "an array":
+    _cut_short(_array_files(step_4)[-1])
+    what = (rf"the file of array (\['\w+'\])+ under {re.escape(step_4)}/state "
+            "is cut short")
+  else:
+    _cut_short(os.path.join(step_4, "meta", "metadata"))
+    what = f"{re.escape(step_4)}/meta/metadata is cut short or corrupt"
   lines = []
   training.run(fields.replace(config, rounds=6), out, log=lines.append,
                checkpoint_every=2, resume=True)
   damaged = [l for l in lines if "is damaged" in l]
   assert len(damaged) == 1, lines
   assert re.fullmatch(
-      rf"checkpoint {re.escape(step_4)} is damaged \(the file of array "
-      rf"(\['\w+'\])+ under {re.escape(step_4)}/state is cut short\); trying "
-      "the one before it",
-      damaged[0]), damaged[0]
+      rf"checkpoint {re.escape(step_4)} is damaged \({what}\); trying the "
+      "one before it", damaged[0]), damaged[0]
   assert not any("TensorStore" in l or "pybind" in l for l in lines)
   assert any(l.startswith("resuming from round 2") for l in lines)
   assert os.path.isdir(step_4 + ".damaged")
@@ -285,7 +292,7 @@ def test_a_damaged_pm_file_is_named_with_how_to_replace_it(tmp_path,
             rf"{re.escape(path)}/state is cut short")
   elif damage == "the metadata":
     _cut_short(os.path.join(path, "metadata", "metadata"))
-    what = "a JSON file is cut short or corrupt"
+    what = f"{re.escape(path)}/metadata/metadata is cut short or corrupt"
   else:
     shutil.rmtree(os.path.join(path, "state"))
     what = "its directory state is missing"

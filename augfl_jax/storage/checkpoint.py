@@ -219,11 +219,31 @@ def _causes(error: BaseException):
     error = error.__cause__ or error.__context__
 
 
-def damage(error: BaseException) -> str | None:
-  """What ``error`` (orbax's, reading a checkpoint) says is wrong with the
-  checkpoint's files, in plain words ("the file of array
+def _torn_json(directory: str) -> str | None:
+  """The first file under ``directory`` of orbax's JSON files (its
+  metadata and the items' ``metadata``, ``_METADATA``, ...; not the arrays'
+  files) that does not parse, or ``None``."""
+  for root, dirs, names in sorted(os.walk(directory)):
+    dirs[:] = [d for d in dirs if d != "d"]  # the arrays' data files
+    for name in sorted(names):
+      path = os.path.join(root, name)
+      if name.endswith((".ocdbt", ".txt")):
+        continue
+      try:
+        with open(path, encoding="utf-8") as f:
+          json.load(f)
+      except (OSError, ValueError):
+        return path
+  return None
+
+
+def damage(error: BaseException, directory: str | None = None
+          ) -> str | None:
+  """What ``error`` (orbax's, reading the checkpoint at ``directory``) says
+  is wrong with the checkpoint's files, in plain words ("the file of array
   ['params']['fc1']['kernel'] under .../state is cut short"), or ``None``
-  when it does not say that a file is cut short, missing or corrupt."""
+  when it does not say that a file is cut short, missing or corrupt. A
+  JSON file that does not parse is named when ``directory`` is given."""
   for e in _causes(error):
     match = _TENSORSTORE_READ.search(str(e))
     if match:
@@ -236,18 +256,21 @@ def damage(error: BaseException) -> str | None:
       under = f" under {files[-1].rstrip('/')}" if files else ""
       return f"the file of array {array}{under} is {what}"
     if isinstance(e, json.JSONDecodeError):
-      return "a JSON file is cut short or corrupt"
+      torn = _torn_json(directory) if directory else None
+      return f"{torn or 'a JSON file of it'} is cut short or corrupt"
     match = _MISSING_ITEM.search(str(e)) if isinstance(e, KeyError) else None
     if match and match.group(2):
       return f"its directory {match.group(1)} is missing"
   return None
 
 
-def failure_reason(error: BaseException) -> str:
-  """One line for why orbax could not read or write a checkpoint, without
-  its internals: :func:`damage`'s words, else the first line of the
-  message without TensorStore's spec, at most 200 characters."""
-  plain = damage(error)
+def failure_reason(error: BaseException, directory: str | None = None
+                  ) -> str:
+  """One line for why orbax could not read or write the checkpoint at
+  ``directory``, without its internals: :func:`damage`'s words, else the
+  first line of the message without TensorStore's spec, at most 200
+  characters."""
+  plain = damage(error, directory)
   if plain is not None:
     return plain
   text = str(error).split(" See full TensorStore details")[0].strip()
@@ -259,7 +282,7 @@ def _unreadable(path: str, error: BaseException) -> Exception:
   :class:`DamagedCheckpointError` where ``error`` says a file of it is
   cut short, missing or corrupt, else ``FileNotFoundError`` (no
   checkpoint there)."""
-  plain = damage(error)
+  plain = damage(error, path)
   if plain is not None:
     return DamagedCheckpointError(f"in the checkpoint at {path}, {plain}")
   return FileNotFoundError(

@@ -214,8 +214,9 @@ class RunCheckpoints:
           raise ValueError("its metadata has no configuration")
         return step, meta
       except Exception as e:  # pylint: disable=broad-except
-        problems.append(f"step {step}: {_reason(e)}")
-        self._report(step, _reason(e), log)
+        reason = _reason(e, self.path(step))
+        problems.append(f"step {step}: {reason}")
+        self._report(step, reason, log)
     raise CheckpointError(
         f"no checkpoint in {self.directory} reads back ("
         f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
@@ -257,7 +258,7 @@ class RunCheckpoints:
         error = e
       # Across processes, a step damaged in any process's part is damaged.
       if processes.agree(error is not None):
-        reason = (_reason(error) if error is not None else
+        reason = (_reason(error, self.path(step)) if error is not None else
                   "another process's part of it is damaged")
         problems.append(f"step {step}: {reason}")
         damaged.append(step)
