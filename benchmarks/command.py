@@ -18,6 +18,8 @@ field of the run's configuration (``--crd.nce_k``: the field's own rule),
 
 from __future__ import annotations
 
+import os
+import shlex
 from typing import Any, Callable, Sequence
 
 from absl import flags
@@ -95,6 +97,20 @@ def config_rule(name: str) -> None:
   choices), in the field's own words."""
   check(name, lambda value: fields.replace(training.RunConfig(),
                                            **{name: value}))
+
+
+def check_started(code: int, output_dir: str, error: Sequence[str],
+                  args: Sequence[str]) -> None:
+  """Raises ``ValueError`` (one line) when a run of ``experiments.run`` that
+  a benchmark started with ``args`` refused them: exit code ``code`` 2 and
+  no round recorded in ``output_dir``; ``error`` holds its last line. Each
+  further run would refuse them too, and the benchmark would write a
+  table without a time."""
+  if code == 2 and not os.path.exists(os.path.join(output_dir,
+                                                   "metrics.jsonl")):
+    reason = error[-1].removeprefix("error: ") if error else "no message"
+    raise ValueError(f"experiments.run {shlex.join(args)} stopped before its "
+                     f"first round ({reason})")
 
 
 def output(name: str = "output") -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import statistics
 import tempfile
 from typing import Any
@@ -48,7 +49,10 @@ def define_flags() -> None:
 
 def run_once(num_processes: int, devices: int, args: list[str],
              output_dir: str) -> dict[str, Any]:
-  """One run of ``num_processes`` processes; its round time and memory."""
+  """One run of ``num_processes`` processes; its round time and memory
+  (``output_dir`` is emptied first: :func:`command.check_started` reads
+  it)."""
+  shutil.rmtree(output_dir, ignore_errors=True)
   logs = [os.path.join(os.path.dirname(output_dir), f"p{i}.log")
           for i in range(num_processes)]
   procs = local_processes.launch(
@@ -65,7 +69,9 @@ def run_once(num_processes: int, devices: int, args: list[str],
             "peak_rss_mib_per_process": rss}
   if any(codes):
     with open(logs[0]) as f:
-      return {**record, "error": f.read().strip().splitlines()[-1:]}
+      error = f.read().strip().splitlines()[-1:]
+    command.check_started(codes[0], output_dir, error, args)
+    return {**record, "error": error}
   with open(os.path.join(output_dir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
   first, last = records[0], records[-1]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,16 +64,22 @@ def parse_variants(text: str) -> list[tuple[str, list[str]]]:
 
 
 def run_once(args: list[str], output_dir: str) -> dict[str, Any]:
-  """One ``experiments.run`` process; its wall time and what it wrote."""
-  command = [sys.executable, "-m", "experiments.run",
-             f"--output_dir={output_dir}", "--overwrite",
-             "--checkpoint_every=0", *args]
+  """One ``experiments.run`` process; its wall time and what it wrote
+  (``output_dir`` is emptied first: :func:`command.check_started` reads
+  it)."""
+  shutil.rmtree(output_dir, ignore_errors=True)
+  run_command = [sys.executable, "-m", "experiments.run",
+                 f"--output_dir={output_dir}", "--overwrite",
+                 "--checkpoint_every=0", *args]
   start = time.perf_counter()
-  proc = subprocess.run(command, capture_output=True, text=True, check=False)
+  proc = subprocess.run(run_command, capture_output=True, text=True,
+                        check=False)
   record = {"wall_s": time.perf_counter() - start, "rc": proc.returncode,
             "load_average": os.getloadavg()[0]}
   if proc.returncode != 0:
-    return {**record, "error": proc.stderr.strip().splitlines()[-1:]}
+    error = proc.stderr.strip().splitlines()[-1:]
+    command.check_started(proc.returncode, output_dir, error, args)
+    return {**record, "error": error}
   with open(os.path.join(output_dir, "summary.json")) as f:
     summary = json.load(f)
   with open(os.path.join(output_dir, "config.json")) as f:

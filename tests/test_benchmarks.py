@@ -298,3 +298,27 @@ def test_a_bad_value_is_one_line_and_help_exits_0(tmp_path, name):
   assert f"the flags of python -m benchmarks.{name}:" in result.stdout
   flag = value.partition("=")[0]
   assert f"\n  {flag}: " in result.stdout  # among the command's own flags
+
+
+def test_a_run_that_refuses_the_benchmarks_flags_stops_it(tmp_path):
+  from benchmarks import command  # pylint: disable=g-import-not-at-top
+  args = ["--dataset=digits", "--rounds=0"]
+  with pytest.raises(ValueError) as e:
+    command.check_started(2, str(tmp_path), ["error: --rounds must be >= 1, "
+                                             "got 0"], args)
+  assert str(e.value) == ("experiments.run --dataset=digits --rounds=0 "
+                          "stopped before its first round (--rounds must be "
+                          ">= 1, got 0)")
+  command.check_started(1, str(tmp_path), ["Killed"], args)  # recorded
+  (tmp_path / "metrics.jsonl").write_text("")  # it ran: recorded
+  command.check_started(2, str(tmp_path), ["error: non-finite"], args)
+
+
+@pytest.mark.slow
+def test_run_defaults_stops_at_flags_the_run_refuses(tmp_path):
+  result = _command(tmp_path, "run_defaults", "--common=--rounds=0",
+                    "--variants=a=", "--repeats=1", "--nowarmup")
+  assert result.returncode == 2, result.stderr
+  assert result.stderr == ("error: experiments.run --rounds=0 stopped before "
+                           "its first round (--rounds must be >= 1, got 0)\n")
+  assert not os.path.exists(tmp_path / "run_defaults.json")
