@@ -43,7 +43,6 @@ import statistics
 import time
 from typing import Any, Callable
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -51,9 +50,11 @@ import numpy as np
 
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
+from augfl_jax.models.conv import check_conv_impl
 from augfl_jax import transfer
 from augfl_jax.training import presets
 from benchmarks import cells
+from benchmarks import command
 
 FLAGS = flags.FLAGS
 INPUT_SHAPE = (28, 28, 1)
@@ -62,24 +63,40 @@ NUM_CLASSES = 26
 
 def define_flags() -> None:
   """The command's flags (defined only when it runs)."""
-  flags.DEFINE_integer("server", 256, "Server-split examples n.")
-  flags.DEFINE_string("pm", "resnet32x4", "PM architecture (norm 'running').")
-  flags.DEFINE_string("student", "cnn", "Client model.")
+  flags.DEFINE_integer("server", 256, "Server-split examples n.",
+                       lower_bound=1)
+  flags.DEFINE_enum("pm", "resnet32x4", pm_models(), "PM architecture (norm "
+                    "'running').")
+  flags.DEFINE_enum("student", "cnn", models.available_models(),
+                    "Client model.")
   flags.DEFINE_integer("crd.batch_size", 128, "CRD minibatch size.")
   flags.DEFINE_integer("crd.nce_k", 4096, "CRD negatives per example.")
   flags.DEFINE_integer("clients", 40, "Clients of the AugFL round timed "
-                       "alongside (0: none).")
+                       "alongside (0: none).", lower_bound=0)
   flags.DEFINE_integer("examples", 15, "Examples per support / query set of "
-                       "the AugFL round.")
-  flags.DEFINE_string("round_model", "cnn", "Benchmark model of the AugFL "
-                      f"round, one of {sorted(cells.MODELS)}.")
+                       "the AugFL round.", lower_bound=1)
+  flags.DEFINE_enum("round_model", "cnn", sorted(cells.MODELS), "Benchmark "
+                    "model of the AugFL round.")
   flags.DEFINE_list("variants", [], "Cheaper steps: name:field=value+..."
                     " (CRDConfig fields of the cached step).")
   flags.DEFINE_bool("recomputed", True, "Also time the step that runs the PM "
                     "on every minibatch.")
-  flags.DEFINE_integer("repeats", 3, "Timed rounds of each after warm-up.")
-  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.")
+  flags.DEFINE_integer("repeats", 3, "Timed rounds of each after warm-up.",
+                       lower_bound=1)
+  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.",
+                       lower_bound=0)
   flags.DEFINE_string("output", "crd_cost.json", "JSON results path.")
+  command.config_rule("crd.batch_size")
+  command.config_rule("crd.nce_k")
+  command.check("variants", parse_variants)
+  command.output()
+
+
+def pm_models() -> list[str]:
+  """The models that can be a PM here: those with a ``norm`` field (the
+  PM's batch norm runs on its running statistics)."""
+  return [m for m in models.available_models()
+          if "norm" in models.model_fields(m)]
 
 
 def flag(f: Any, name: str) -> Any:
@@ -118,9 +135,20 @@ def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:
         raise ValueError(f"variant {name!r}: {field!r} is not a CRDConfig "
                          f"field or conv_impl ({', '.join(types)})")
       kind = str(types[field])
-      overrides[field] = (int(value) if kind.startswith("int") else
-                          float(value) if kind.startswith("float") else
-                          value)
+      try:
+        overrides[field] = (int(value) if kind.startswith("int") else
+                            float(value) if kind.startswith("float") else
+                            value)
+      except ValueError:
+        what = "an integer" if kind.startswith("int") else "a number"
+        raise ValueError(f"variant {name!r}: {field}={value!r} is not "
+                         f"{what}") from None
+    try:  # each value by its field's rule
+      dataclasses.replace(transfer.CRDConfig(), **{
+          k: v for k, v in overrides.items() if k != "conv_impl"})
+      check_conv_impl(overrides.get("conv_impl", "auto"))
+    except ValueError as e:
+      raise ValueError(f"variant {name!r}: {e}") from None
     variants[name] = overrides
   return variants
 
@@ -292,5 +320,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

@@ -31,7 +31,6 @@ import statistics
 import time
 from typing import Any, Callable
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -42,6 +41,7 @@ from augfl_jax import models
 from augfl_jax import transfer
 from augfl_jax.transfer import nce
 from augfl_jax.transfer import shared_negatives
+from benchmarks import command
 from benchmarks import crd_cost
 
 FLAGS = flags.FLAGS
@@ -50,19 +50,29 @@ INPUT_SHAPE = (28, 28, 1)
 
 def define_flags() -> None:
   """The command's flags (defined only when it runs)."""
-  flags.DEFINE_integer("server", 10000, "Server-split examples n.")
-  flags.DEFINE_string("student", "cnn", "Client model.")
-  flags.DEFINE_integer("num_classes", 10, "Classes of the server split.")
+  flags.DEFINE_integer("server", 10000, "Server-split examples n.",
+                       lower_bound=1)
+  flags.DEFINE_enum("student", "cnn", models.available_models(),
+                    "Client model.")
+  flags.DEFINE_integer("num_classes", 10, "Classes of the server split.",
+                       lower_bound=2)
   flags.DEFINE_integer("pm_features", 512, "Width of the PM's penultimate "
-                       "features (the cnn's 512; at most 784).")
+                       "features (the cnn's 512; at most 784).",
+                       lower_bound=1, upper_bound=784)
   flags.DEFINE_integer("crd.batch_size", 128, "CRD minibatch size.")
   flags.DEFINE_integer("crd.nce_k", 16384, "CRD negatives per example.")
   flags.DEFINE_string("crd.negative_sampling", "per_example",
                       "CRDConfig.negative_sampling: per_example or shared.")
   flags.DEFINE_string("crd.bank_dtype", "float32", "CRDConfig.bank_dtype.")
-  flags.DEFINE_integer("repeats", 10, "Timed repeats of each part.")
-  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.")
+  flags.DEFINE_integer("repeats", 10, "Timed repeats of each part.",
+                       lower_bound=1)
+  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.",
+                       lower_bound=0)
   flags.DEFINE_string("output", "", "JSON results path (none if empty).")
+  for name in ("crd.batch_size", "crd.nce_k", "crd.negative_sampling",
+               "crd.bank_dtype"):
+    command.config_rule(name)
+  command.output()
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -196,5 +206,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

@@ -20,13 +20,13 @@ import os
 import statistics
 import time
 
-from absl import app
 from absl import flags
 import jax
 
 from augfl_jax.core import evaluation, fields
-from augfl_jax import training
+from augfl_jax import algorithms, data, models, training
 from augfl_jax.training import rounds, wiring
+from benchmarks import command
 
 FLAGS = flags.FLAGS
 
@@ -35,10 +35,15 @@ def define_flags() -> None:
   """The command's flags (defined only when it runs)."""
   flags.DEFINE_string("dataset", "fashion_mnist", "the run's dataset")
   flags.DEFINE_string("algorithm", "augfl", "the run's algorithm")
-  flags.DEFINE_string("model", None, "client model (default: the dataset's)")
+  flags.DEFINE_enum("model", None, models.available_models(),
+                    "client model (default: the dataset's)")
   flags.DEFINE_integer("eval.test_clients", 1000,
                        "test-split clients scored")
-  flags.DEFINE_integer("repeats", 3, "timed calls of each, after the first")
+  flags.DEFINE_integer("repeats", 3, "timed calls of each, after the first",
+                       lower_bound=1)
+  command.check("dataset", data.canonical_name)
+  command.check("algorithm", algorithms.spec)
+  command.config_rule("eval.test_clients")
 
 
 def _timed(fn) -> float:
@@ -91,5 +96,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

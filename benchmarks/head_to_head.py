@@ -37,7 +37,6 @@ import json
 import os
 import sys
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -50,6 +49,7 @@ from augfl_jax.pm import pretrain
 from augfl_jax import transfer
 from augfl_jax.models import authors as authors_models
 from benchmarks import authors_code
+from benchmarks import command
 
 FLAGS = flags.FLAGS
 
@@ -77,7 +77,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("eval.test_clients", 1000, "clients from the test "
                        "file scored after the last round (0: none)")
   flags.DEFINE_integer("seed", 0, "torch.manual_seed of the initial weights; "
-                       "the seed of the test-file clients and of the CRD")
+                       "the seed of the test-file clients and of the CRD",
+                       lower_bound=0)
   flags.DEFINE_integer("pm.epochs", 5, "epochs of the cnn PM "
                        "(--augfl.lam > 0)")
   flags.DEFINE_integer("crd.kt_steps", 8, "CRD minibatches of 128 a round")
@@ -96,8 +97,15 @@ def define_flags() -> None:
                      "+ perturb u), u ~ U[-1, 1] per weight, and report how "
                      "far it drifts from ours: the growth of a difference "
                      "that the rounds themselves cause; with --augfl.lam > 0 "
-                     "it takes our run's grad R_h; 0: no such run)")
+                     "it takes our run's grad R_h; 0: no such run)",
+                     lower_bound=0)
   flags.DEFINE_string("output", None, "also write the results as JSON here")
+  for name in ("rounds", "augfl.lam", "augfl.alpha", "augfl.rho",
+               "eval_every", "eval.test_clients", "pm.epochs", "crd.kt_steps",
+               "crd.nce_k"):
+    command.config_rule(name)
+  command.integers("report_rounds", 0)
+  command.output()
 
 
 def _flag(name: str):
@@ -309,5 +317,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

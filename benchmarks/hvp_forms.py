@@ -35,7 +35,6 @@ import statistics
 import time
 from typing import Any, Callable
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -43,6 +42,7 @@ import optax
 
 from augfl_jax.core import hvp as hvp_lib
 from benchmarks import cells
+from benchmarks import command
 
 FLAGS = flags.FLAGS
 ALPHA, RHO = 0.03, 0.7
@@ -50,10 +50,13 @@ ALPHA, RHO = 0.03, 0.7
 
 def define_flags() -> None:
   """The command's flags (defined only when it runs)."""
-  flags.DEFINE_integer("clients", 8, "Clients of the round.")
-  flags.DEFINE_integer("examples", 15, "Examples per support / query set.")
-  flags.DEFINE_integer("repeats", 5, "Timed rounds of each form.")
+  flags.DEFINE_integer("clients", 8, "Clients of the round.", lower_bound=1)
+  flags.DEFINE_integer("examples", 15, "Examples per support / query set.",
+                       lower_bound=1)
+  flags.DEFINE_integer("repeats", 5, "Timed rounds of each form.",
+                       lower_bound=1)
   flags.DEFINE_string("output", "", "JSON results path (none if empty).")
+  command.output()
 
 
 def forms(loss_fn: Callable) -> dict[str, Callable]:
@@ -169,5 +172,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

@@ -1,8 +1,8 @@
 r"""Per-round time (or memory) against the number of clients, one line per
 strategy.
 
-  python -m benchmarks.plot RESULTS.json [MORE.json ...] --output plot.png
-  python -m benchmarks.plot RESULTS.json --value=memory --output mem.png
+  python -m benchmarks.plot RESULTS.json [MORE.json ...] --output=plot.png
+  python -m benchmarks.plot RESULTS.json --value=memory --output=mem.png
 
 With ``--value=memory`` the y axis is XLA's compiled memory of the round
 (arguments, outputs and temporaries: ``xla_memory.peak_bytes``), in MiB;
@@ -18,19 +18,49 @@ per line, the least-squares slope of log(median) against log(clients)
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import math
 from typing import Any
 
+from absl import app
+from absl import flags
+
+from experiments import cli
+from experiments.plot import check_output, parse_flags_and_paths
+
+FLAGS = flags.FLAGS
+# What every result of round_cost records, that a figure reads.
+RESULT_KEYS = ("algorithm", "model", "conv_impl", "examples", "num_clients",
+               "strategy", "round_s")
+
 
 def load(paths: list[str]) -> list[dict[str, Any]]:
-  """The ``results`` of every JSON file written by ``round_cost``."""
+  """The ``results`` of every JSON file written by ``round_cost``.
+
+  Raises:
+    ValueError: no path, or a file that is not such a JSON file (one line
+      naming it).
+  """
+  if not paths:
+    raise ValueError("name the JSON files of benchmarks.round_cost to plot: "
+                     "python -m benchmarks.plot RESULTS.json [MORE.json ...]")
   results = []
   for path in paths:
-    with open(path) as fh:
-      results.extend(json.load(fh)["results"])
+    try:
+      with open(path) as fh:
+        found = json.load(fh)["results"]
+      lacking = [k for k in RESULT_KEYS for r in found if k not in r]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      lacking = [e.strerror if isinstance(e, OSError) else (
+          "it has no results" if isinstance(e, (KeyError, TypeError))
+          else "it is not JSON")]
+    else:
+      lacking = [f"a result has no {lacking[0]!r}"] if lacking else []
+    if lacking:
+      raise ValueError(f"{path}: not a results file of "
+                       f"benchmarks.round_cost ({lacking[0]})")
+    results.extend(found)
   return results
 
 
@@ -128,19 +158,25 @@ def plot(results: list[dict[str, Any]], output: str, value: str = "time"
   fig.savefig(output, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("results", nargs="+", help="round_cost JSON files")
-  parser.add_argument("--output", default="round_cost.png",
-                      help="image path (png, pdf, svg)")
-  parser.add_argument("--value", choices=("time", "memory"), default="time",
-                      help="seconds per round, or XLA's memory of a round")
-  args = parser.parse_args(argv)
-  results = load(args.results)
-  plot(results, args.output, args.value)
-  print(summary(results, args.value))
-  print(f"wrote {args.output}")
+def _plot_files(paths: list[str]) -> None:
+  """Plots the results files ``paths`` as the flags say."""
+  check_output(FLAGS.output)
+  results = load(paths)
+  plot(results, FLAGS.output, FLAGS.value)
+  print(summary(results, FLAGS.value))
+  print(f"wrote {FLAGS.output}")
+
+
+def main(argv: list[str]) -> None:
+  """The command: ``argv[1:]`` are the results files; a file that cannot
+  be read or an ``--output`` that cannot be written is one line on stderr
+  and exit code 2."""
+  cli.run_command(lambda: _plot_files(argv[1:]))
 
 
 if __name__ == "__main__":
-  main()
+  flags.DEFINE_string("output", "round_cost.png", "the figure's file (.png, "
+                      ".pdf, .svg, ...), in a directory that exists")
+  flags.DEFINE_enum("value", "time", ["time", "memory"], "seconds per "
+                    "round, or XLA's memory of a round")
+  app.run(main, flags_parser=parse_flags_and_paths)

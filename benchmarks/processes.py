@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import statistics
 import tempfile
 from typing import Any
 
-from absl import app
 from absl import flags
 
+from benchmarks import command
 from experiments import local_processes
 
 FLAGS = flags.FLAGS
@@ -37,14 +38,21 @@ def define_flags() -> None:
   flags.DEFINE_string("common", "--dataset=digits --rounds=30 "
                       "--eval_every=10", "flags of every run")
   flags.DEFINE_list("processes", ["1", "2", "4"], "process counts")
-  flags.DEFINE_integer("devices_per_process", 1, "CPU devices per process")
-  flags.DEFINE_integer("repeats", 2, "runs per process count")
+  flags.DEFINE_integer("devices_per_process", 1, "CPU devices per process",
+                       lower_bound=1)
+  flags.DEFINE_integer("repeats", 2, "runs per process count", lower_bound=1)
   flags.DEFINE_string("output", "processes.json", "JSON results path")
+  command.check("common", shlex.split)
+  command.integers("processes", 1)
+  command.output()
 
 
 def run_once(num_processes: int, devices: int, args: list[str],
              output_dir: str) -> dict[str, Any]:
-  """One run of ``num_processes`` processes; its round time and memory."""
+  """One run of ``num_processes`` processes; its round time and memory
+  (``output_dir`` is emptied first: :func:`command.check_started` reads
+  it)."""
+  shutil.rmtree(output_dir, ignore_errors=True)
   logs = [os.path.join(os.path.dirname(output_dir), f"p{i}.log")
           for i in range(num_processes)]
   procs = local_processes.launch(
@@ -61,7 +69,9 @@ def run_once(num_processes: int, devices: int, args: list[str],
             "peak_rss_mib_per_process": rss}
   if any(codes):
     with open(logs[0]) as f:
-      return {**record, "error": f.read().strip().splitlines()[-1:]}
+      error = f.read().strip().splitlines()[-1:]
+    command.check_started(codes[0], output_dir, error, args)
+    return {**record, "error": error}
   with open(os.path.join(output_dir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
   first, last = records[0], records[-1]
@@ -113,5 +123,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

@@ -46,14 +46,15 @@ from typing import Any, Callable
 
 import os
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
 
+from augfl_jax import models
 from augfl_jax.algorithms.augfl import factored
 from augfl_jax.core import client_axis as clients_lib
 from benchmarks import cells
+from benchmarks import command
 
 FLAGS = flags.FLAGS
 TORCH_REFERENCES = ("torch", "torch_vmap")
@@ -78,10 +79,14 @@ def define_flags() -> None:
                     "clients, default threads) or torch:N / torch_vmap:N (N "
                     "threads); on CUDA when PyTorch sees it; empty: none.")
   flags.DEFINE_integer("reference_max_clients", 200,
-                       "Time references only up to this many clients.")
-  flags.DEFINE_integer("repeats", 5, "Timed rounds per cell after warm-up.")
-  flags.DEFINE_integer("warmup", 1, "Untimed rounds after compilation.")
-  flags.DEFINE_integer("matmul_size", 2048, "Side of the peak-rate matmul.")
+                       "Time references only up to this many clients.",
+                       lower_bound=0)
+  flags.DEFINE_integer("repeats", 5, "Timed rounds per cell after warm-up.",
+                       lower_bound=1)
+  flags.DEFINE_integer("warmup", 1, "Untimed rounds after compilation.",
+                       lower_bound=0)
+  flags.DEFINE_integer("matmul_size", 2048, "Side of the peak-rate matmul.",
+                       lower_bound=1)
   flags.DEFINE_string("output", "round_cost.json", "JSON results path.")
   flags.DEFINE_bool("compile_only", False,
                     "Compile and report XLA memory only (no rounds run): for "
@@ -90,7 +95,27 @@ def define_flags() -> None:
                     "With --compile_only: compile the round with the state "
                     "donated (jax.jit(..., donate_argnums=0)), so the new "
                     "per-client state reuses the old one's buffers.")
-  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.")
+  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.",
+                       lower_bound=0)
+  command.choices("algorithms", cells.ALGORITHMS)
+  command.choices("models", sorted(cells.MODELS))
+  command.integers("clients", 1)
+  command.integers("examples", 1)
+  command.each("strategies", "a client strategy (vmap, map, chunked:K, "
+               "sharded[:INNER])", clients_lib.as_strategy)
+  command.choices("conv_impls", ("auto",) + models.CONV_IMPLS)
+  command.choices("dense_updates", cells.DENSE_UPDATES)
+  command.each("references", "python_loop, torch, torch_vmap, torch:N or "
+               "torch_vmap:N (N >= 1 threads)", _is_reference, empty=True)
+  command.output()
+
+
+def _is_reference(name: str) -> bool:
+  """Whether ``name`` is one of ``--references``' forms."""
+  kind, sep, threads = name.partition(":")
+  if kind == "python_loop":
+    return not sep
+  return kind in TORCH_REFERENCES and (not sep or int(threads) >= 1)
 
 
 def _sync(out: Any) -> Any:
@@ -367,5 +392,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

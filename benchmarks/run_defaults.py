@@ -23,14 +23,16 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
-from absl import app
 from absl import flags
+
+from benchmarks import command
 
 FLAGS = flags.FLAGS
 
@@ -41,10 +43,13 @@ def define_flags() -> None:
   flags.DEFINE_string("common", "", "flags of every run")
   flags.DEFINE_string("variants", "vmap_xla=--strategy=vmap --conv_impl=xla;"
                       "auto=", "label=flags pairs separated by ';'")
-  flags.DEFINE_integer("repeats", 2, "timed runs per variant")
+  flags.DEFINE_integer("repeats", 2, "timed runs per variant", lower_bound=1)
   flags.DEFINE_bool("warmup", True, "one untimed --rounds=2 run per variant "
                     "first (fills the compilation cache)")
   flags.DEFINE_string("output", "run_defaults.json", "JSON results path")
+  command.check("common", shlex.split)
+  command.check("variants", parse_variants)
+  command.output()
 
 
 def parse_variants(text: str) -> list[tuple[str, list[str]]]:
@@ -59,16 +64,22 @@ def parse_variants(text: str) -> list[tuple[str, list[str]]]:
 
 
 def run_once(args: list[str], output_dir: str) -> dict[str, Any]:
-  """One ``experiments.run`` process; its wall time and what it wrote."""
-  command = [sys.executable, "-m", "experiments.run",
-             f"--output_dir={output_dir}", "--overwrite",
-             "--checkpoint_every=0", *args]
+  """One ``experiments.run`` process; its wall time and what it wrote
+  (``output_dir`` is emptied first: :func:`command.check_started` reads
+  it)."""
+  shutil.rmtree(output_dir, ignore_errors=True)
+  run_command = [sys.executable, "-m", "experiments.run",
+                 f"--output_dir={output_dir}", "--overwrite",
+                 "--checkpoint_every=0", *args]
   start = time.perf_counter()
-  proc = subprocess.run(command, capture_output=True, text=True, check=False)
+  proc = subprocess.run(run_command, capture_output=True, text=True,
+                        check=False)
   record = {"wall_s": time.perf_counter() - start, "rc": proc.returncode,
             "load_average": os.getloadavg()[0]}
   if proc.returncode != 0:
-    return {**record, "error": proc.stderr.strip().splitlines()[-1:]}
+    error = proc.stderr.strip().splitlines()[-1:]
+    command.check_started(proc.returncode, output_dir, error, args)
+    return {**record, "error": error}
   with open(os.path.join(output_dir, "summary.json")) as f:
     summary = json.load(f)
   with open(os.path.join(output_dir, "config.json")) as f:
@@ -117,5 +128,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  command.run(define_flags, main)

@@ -94,13 +94,16 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False
                        []).append(algorithm)
   section_help = {f.name: fields.help_text(f)
                   for f in dataclasses.fields(config)}
+  # The run's flags are those experiments.cli defines; the command's own
+  # are the rest, a benchmark's --seed or --crd.nce_k among them.
+  run_flags = {f.name for f in by_module.get("experiments.cli", [])}
+  run = lambda members: [n for n in members if n in run_flags]
   out = [
-      (f"the flags of {command}", sorted(
-          ours - set(names) - set(RUN_CONTROL) - set(DISTRIBUTED))),
-      ("common flags", list(COMMON)),
-      ("other run flags", [n for n in sections[""] if n not in COMMON]),
-      ("run control", [n for n in RUN_CONTROL if n not in COMMON]),
-      ("across processes or hosts (README)", list(DISTRIBUTED)),
+      (f"the flags of {command}", sorted(ours - run_flags)),
+      ("common flags", run(COMMON)),
+      ("other run flags", run(n for n in sections[""] if n not in COMMON)),
+      ("run control", run(n for n in RUN_CONTROL if n not in COMMON)),
+      ("across processes or hosts (README)", run(DISTRIBUTED)),
   ]
   for head, members in sections.items():
     if not head:
@@ -108,7 +111,7 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False
     title = f"--{head}.*: {section_help[head]}"
     if head in readers:
       title += f" (read by --algorithm={', '.join(readers[head])})"
-    out.append((title, members))
+    out.append((title, run(members)))
   if full:
     for module in sorted(set(by_module) - own_modules):
       out.append((f"{module}'s flags", [f.name for f in by_module[module]]))

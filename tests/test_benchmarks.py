@@ -1,9 +1,15 @@
-"""The benchmark harness on a tiny grid: it runs and writes the JSON fields."""
+"""The benchmark harness on a tiny grid: it runs and writes the JSON fields;
+every command refuses a bad flag value in one line and prints its flags for
+``--help``."""
 
 from __future__ import annotations
 
+import glob
 import json
 import math
+import os
+import subprocess
+import sys
 import types
 
 import jax
@@ -127,6 +133,28 @@ def test_plot_writes_png(tmp_path):
   plot.plot(results + factored, str(path), "memory")
 
 
+def test_plot_names_a_file_it_cannot_read(tmp_path):
+  pytest.importorskip("matplotlib")
+  from benchmarks import plot  # pylint: disable=g-import-not-at-top
+  files = {"missing.json": None, "text.json": "not JSON",
+           "other.json": json.dumps({"rows": []}),
+           "partial.json": json.dumps({"results": [{"algorithm": "augfl"}]})}
+  for name, text in files.items():
+    if text is not None:
+      (tmp_path / name).write_text(text)
+  reasons = {}
+  for name in files:
+    with pytest.raises(ValueError) as e:
+      plot.load([str(tmp_path / name)])
+    reasons[name] = str(e.value).rpartition(" (")[2]
+  assert reasons == {"missing.json": "No such file or directory)",
+                     "text.json": "it is not JSON)",
+                     "other.json": "it has no results)",
+                     "partial.json": "a result has no 'model')"}
+  with pytest.raises(ValueError, match="name the JSON files"):
+    plot.load([])
+
+
 def test_run_defaults_parses_variants_and_pairs_ratios_by_repeat():
   assert run_defaults.parse_variants(
       "vmap_xla=--strategy=vmap --conv_impl=xla;auto=") == [
@@ -209,3 +237,88 @@ def test_crd_cost_variants_take_the_students_convolutions_and_loop():
   cpu = jax.default_backend() == "cpu"
   assert presets.crd_loop("xla") == ("python" if cpu else "scan")
   assert presets.crd_loop("patches") == "scan"
+
+
+# ----------------------------------------------------------------------------
+# Every command's flags: a bad value is one line and exit code 2 before any
+# work; --help exits 0 with the command's own flags.
+
+# command -> (a value its flags refuse, the line that refuses it). The first
+# runs in the default suite; each is two processes of a few seconds.
+REFUSED = {
+    "round_cost": ("--models=nosuch", "flag --models=['nosuch']: each item "
+                   "must be one of cnn, cnn_dense16, cnn_digits, logreg, mlp, "
+                   "resnet8x4, tiny_cnn, got 'nosuch'"),
+    "crd_cost": ("--clients=-1", "flag --clients=-1: -1 is not a "
+                 "non-negative integer"),
+    "crd_profile": ("--crd.nce_k=0", "flag --crd.nce_k=0: crd.nce_k must be "
+                    ">= 1, got 0"),
+    "eval_cost": ("--dataset=nosuch", "flag --dataset=nosuch: unknown dataset "
+                  "'nosuch'; choose one of"),
+    "hvp_forms": ("--examples=0", "flag --examples=0: 0 is not a positive "
+                  "integer"),
+    "head_to_head": ("--augfl.alpha=0", "flag --augfl.alpha=0.0: augfl.alpha "
+                     "must be > 0, got 0.0"),
+    "run_defaults": ("--variants=vmap", "flag --variants=vmap: a variant is "
+                     "label=flags, got 'vmap'"),
+    "processes": ("--processes=2,0", "flag --processes=['2', '0']: each item "
+                  "must be an integer >= 1, got '0'"),
+    "plot": ("--value=seconds", "flag --value=seconds: value should be one "
+             "of <time|memory>"),
+}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _command(tmp_path, name, *args):
+  return subprocess.run(
+      [sys.executable, "-m", f"benchmarks.{name}", *args], cwd=tmp_path,
+      env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+      timeout=300, check=False)
+
+
+def test_every_benchmark_command_is_checked():
+  commands = {os.path.basename(path)[:-3] for path in glob.glob(
+      os.path.join(ROOT, "benchmarks", "*.py"))
+              if 'if __name__ == "__main__":' in open(path).read()}
+  assert commands == set(REFUSED)
+
+
+@pytest.mark.parametrize("name", [
+    name if i == 0 else pytest.param(name, marks=pytest.mark.slow)
+    for i, name in enumerate(REFUSED)])
+def test_a_bad_value_is_one_line_and_help_exits_0(tmp_path, name):
+  value, line = REFUSED[name]
+  result = _command(tmp_path, name, value)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.startswith(f"error: {line}"), result.stderr
+  assert result.stderr.count("\n") == 1 and not result.stdout
+  assert not os.listdir(tmp_path)  # nothing written
+  result = _command(tmp_path, name, "--help")
+  assert result.returncode == 0, result.stderr
+  assert f"the flags of python -m benchmarks.{name}:" in result.stdout
+  flag = value.partition("=")[0]
+  assert f"\n  {flag}: " in result.stdout  # among the command's own flags
+
+
+def test_a_run_that_refuses_the_benchmarks_flags_stops_it(tmp_path):
+  from benchmarks import command  # pylint: disable=g-import-not-at-top
+  args = ["--dataset=digits", "--rounds=0"]
+  with pytest.raises(ValueError) as e:
+    command.check_started(2, str(tmp_path), ["error: --rounds must be >= 1, "
+                                             "got 0"], args)
+  assert str(e.value) == ("experiments.run --dataset=digits --rounds=0 "
+                          "stopped before its first round (--rounds must be "
+                          ">= 1, got 0)")
+  command.check_started(1, str(tmp_path), ["Killed"], args)  # recorded
+  (tmp_path / "metrics.jsonl").write_text("")  # it ran: recorded
+  command.check_started(2, str(tmp_path), ["error: non-finite"], args)
+
+
+@pytest.mark.slow
+def test_run_defaults_stops_at_flags_the_run_refuses(tmp_path):
+  result = _command(tmp_path, "run_defaults", "--common=--rounds=0",
+                    "--variants=a=", "--repeats=1", "--nowarmup")
+  assert result.returncode == 2, result.stderr
+  assert result.stderr == ("error: experiments.run --rounds=0 stopped before "
+                           "its first round (--rounds must be >= 1, got 0)\n")
+  assert not os.path.exists(tmp_path / "run_defaults.json")

@@ -15,9 +15,11 @@ import errno
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,7 @@ from augfl_jax.storage import checkpoint
 from augfl_jax import data, models, training
 from augfl_jax.core import fields
 from augfl_jax.pm import store as pm
+from augfl_jax.training import checkpoints as run_checkpoints
 from augfl_jax.training import outputs, wiring
 from tests import fake_pm, run_files
 
@@ -188,6 +191,118 @@ def test_both_checkpoints_damaged_say_to_start_again_not_to_resume(
                             "back whole (step 4: "), message
   assert message.endswith("pass --overwrite to start the run again")
   assert "continue with --resume" not in message and "\n" not in message
+
+
+def _cut_short(path):
+  """Truncates the file ``path`` to a third of its size."""
+  os.truncate(path, os.path.getsize(path) // 3)
+
+
+@pytest.mark.parametrize("cut", ["an array", "the metadata"])
+def test_a_cut_short_file_is_named_and_its_checkpoint_set_aside(tmp_path,
+                                                                cut):
+  """An array file, or the metadata, of the newest checkpoint cut short:
+  the resume names the file (an array's: its array and directory) in one
+  line, without TensorStore's internals, sets the step aside and resumes
+  from the one before."""
+  out = str(tmp_path / "run")
+  config = _config(rounds=4, eval_every=2)
+  training.run(config, out, log=QUIET, checkpoint_every=2)
+  step_4 = os.path.join(out, "checkpoints", "step_4")
+  if cut == "an array":
+    _cut_short(_array_files(step_4)[-1])
+    what = (rf"the file of array (\['\w+'\])+ under {re.escape(step_4)}/state "
+            "is cut short")
+  else:
+    _cut_short(os.path.join(step_4, "meta", "metadata"))
+    what = f"{re.escape(step_4)}/meta/metadata is cut short or corrupt"
+  lines = []
+  training.run(fields.replace(config, rounds=6), out, log=lines.append,
+               checkpoint_every=2, resume=True)
+  damaged = [l for l in lines if "is damaged" in l]
+  assert len(damaged) == 1, lines
+  assert re.fullmatch(
+      rf"checkpoint {re.escape(step_4)} is damaged \({what}\); trying the "
+      "one before it", damaged[0]), damaged[0]
+  assert not any("TensorStore" in l or "pybind" in l for l in lines)
+  assert any(l.startswith("resuming from round 2") for l in lines)
+  assert os.path.isdir(step_4 + ".damaged")
+  assert [r["round"] for r in run_files.records(out)] == [2, 4, 6]
+
+
+@pytest.mark.slow
+def test_resuming_past_a_cut_short_checkpoint_prints_no_library_internals(
+    tmp_path, compile_cache):
+  out = str(tmp_path / "run")
+  command = [sys.executable, "-m", "experiments.run", "--dataset=digits",
+             "--algorithm=fedavg", "--eval_every=2", "--checkpoint_every=2",
+             f"--output_dir={out}"]
+  env = {**os.environ, "XDG_CACHE_HOME": compile_cache}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  subprocess.run(command + ["--rounds=4"], cwd=root, env=env, check=True,
+                 capture_output=True)
+  for path in _array_files(os.path.join(out, "checkpoints", "step_4")):
+    _cut_short(path)
+  result = subprocess.run(command + ["--rounds=6", "--resume"], cwd=root,
+                          env=env, capture_output=True, text=True,
+                          check=False)
+  assert result.returncode == 0, result.stderr
+  assert result.stderr == ""  # no "Exception ignored in: <coroutine ...>"
+  damaged = [l for l in result.stdout.splitlines() if "is damaged" in l]
+  assert len(damaged) == 1 and "is cut short); trying the one before it" \
+      in damaged[0] and "TensorStore" not in result.stdout, damaged
+
+
+def test_reads_orbax_abandons_leave_no_traceback(tmp_path, monkeypatch):
+  """When orbax gives up on a checkpoint, each of its reads still in
+  flight raises its error again as it is closed ("Exception ignored in:
+  <coroutine ...>", dozens of lines each, after the one line that reports
+  the damage): a run's checkpoints drop those, and only those."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  run_checkpoints.RunCheckpoints(str(tmp_path / "checkpoints"))
+
+  async def read():
+    pass
+
+  orbax_dir = os.path.dirname(ocp.__file__)
+  read.__code__ = read.__code__.replace(
+      co_filename=os.path.join(orbax_dir, "_src", "serialization.py"))
+  coroutine = read()
+  try:
+    for owner in (coroutine, "another object"):
+      sys.unraisablehook(types.SimpleNamespace(
+          exc_type=Exception, exc_value=Exception("Encountered error while "
+                                                  "reading array index"),
+          exc_traceback=None, err_msg=None, object=owner))
+  finally:
+    coroutine.close()
+  assert [u.object for u in seen] == ["another object"]
+
+
+@pytest.mark.parametrize("damage", ["an array", "the metadata", "the arrays"])
+def test_a_damaged_pm_file_is_named_with_how_to_replace_it(tmp_path,
+                                                           damage):
+  path = _mlp_pm(tmp_path / "pm")
+  like = jax.eval_shape(lambda: pm.load_pm(path, {})[0])
+  if damage == "an array":
+    _cut_short(_array_files(os.path.join(path, "state"))[-1])
+    what = (r"the file of array \['params'\]\['\w+'\]\['\w+'\] under "
+            rf"{re.escape(path)}/state is cut short")
+  elif damage == "the metadata":
+    _cut_short(os.path.join(path, "metadata", "metadata"))
+    what = f"{re.escape(path)}/metadata/metadata is cut short or corrupt"
+  else:
+    shutil.rmtree(os.path.join(path, "state"))
+    what = "its directory state is missing"
+  with pytest.raises(checkpoint.DamagedCheckpointError) as e:
+    pm.load_pm(path, {}, like=like)
+  assert re.fullmatch(
+      rf"the PM is damaged \(in the checkpoint at {re.escape(path)}, {what}\): "
+      rf"remove {re.escape(path)} to pretrain it again, or pass another "
+      "--pm.dir",
+      str(e.value)), str(e.value)
 
 
 def test_an_emptied_manifest_is_named_with_the_command_that_restores_it(

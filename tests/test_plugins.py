@@ -109,3 +109,108 @@ def test_the_commands_import_a_users_modules(plugins, tmp_path,
   assert missing.stderr.strip() == ("error: --imports: not_a_module does "
                                     "not import (ModuleNotFoundError: No "
                                     "module named 'not_a_module')")
+
+
+# A method of one's own whose config cannot be built from its defaults (a
+# default that breaks its own field's rule, a field without a default), that
+# is no dataclass, or whose field no flag can take.
+_CONFIG = ("import dataclasses\n"
+           "from augfl_jax import algorithms\n"
+           "from augfl_jax.algorithms import averaging, fedavg\n"
+           "from augfl_jax.core import fields\n\n"
+           "@dataclasses.dataclass(frozen=True)\n"
+           "class OwnConfig(fields.Config):\n"
+           "  {field}\n"
+           "  local_epochs: int = fields.field(1, 'local epochs', ge=1)\n"
+           "  batch_size: int = fields.field(10, 'minibatch size', ge=1)\n\n"
+           "algorithms.register(algorithms.AlgorithmSpec(\n"
+           "    'own', OwnConfig, 'none',\n"
+           "    averaging.constructor('own', fedavg.make_round), "
+           "label='Own'))\n")
+BROKEN = {
+    "no_default": (
+        _CONFIG.format(field="lr: float = fields.field(help='step', gt=0)"),
+        "error: --imports: no_default does not import (ValueError: "
+        "algorithm 'own': its config OwnConfig cannot be built from its "
+        "defaults (TypeError: OwnConfig.__init__() missing 1 required "
+        "positional argument: 'lr'); give every field a default)"),
+    "dict_field": (
+        _CONFIG.format(field="lr: dict = fields.field(default_factory=dict)"),
+        "error: --imports: dict_field does not import (TypeError: algorithm "
+        "'own': OwnConfig.lr is of type dict, which no flag --own.lr can "
+        "take; make it one of bool, int, float, str, tuple (or None))"),
+    "bad_default": (
+        "import dataclasses\n"
+        "from augfl_jax import algorithms\n"
+        "from augfl_jax.algorithms import averaging, fedavg\n"
+        "from augfl_jax.core import fields\n\n"
+        "@dataclasses.dataclass(frozen=True)\n"
+        "class BadConfig(fields.Config):\n"
+        "  lr: float = fields.field(-1.0, 'client step size', gt=0)\n"
+        "  local_epochs: int = fields.field(1, 'local epochs', ge=1)\n"
+        "  batch_size: int = fields.field(10, 'minibatch size', ge=1)\n\n"
+        "algorithms.register(algorithms.AlgorithmSpec(\n"
+        "    'badlr', BadConfig, 'none',\n"
+        "    averaging.constructor('badlr', fedavg.make_round), label='Bad'))\n",
+        "error: --imports: bad_default does not import (ValueError: algorithm "
+        "'badlr': the default of BadConfig.lr breaks its own rule (badlr.lr "
+        "must be > 0, got -1.0): give the field a default its rule allows)"),
+    "plain_config": (
+        "from augfl_jax import algorithms\n"
+        "from augfl_jax.algorithms import averaging, fedavg\n\n"
+        "class PlainConfig:\n"
+        "  lr = 0.05\n\n"
+        "algorithms.register(algorithms.AlgorithmSpec(\n"
+        "    'plain', PlainConfig, 'none',\n"
+        "    averaging.constructor('plain', fedavg.make_round), "
+        "label='Plain'))\n",
+        "error: --imports: plain_config does not import (TypeError: algorithm "
+        "'plain': its config class <class 'plain_config.PlainConfig'> is not "
+        "a dataclass; make it a frozen dataclass of fields.Config, with a "
+        "default for every field)"),
+}
+
+
+@pytest.fixture
+def broken(tmp_path):
+  """:data:`BROKEN`'s modules in ``tmp_path/broken``, importable (the
+  registry and ``sys.modules`` restored afterwards)."""
+  directory = tmp_path / "broken"
+  directory.mkdir()
+  for name, (code, _) in BROKEN.items():
+    (directory / f"{name}.py").write_text(code)
+  before = dict(algorithms._REGISTRY)  # pylint: disable=protected-access
+  sys.path.insert(0, str(directory))
+  yield str(directory)
+  sys.path.remove(str(directory))
+  for name in BROKEN:
+    sys.modules.pop(name, None)
+  algorithms._REGISTRY.clear()  # pylint: disable=protected-access
+  algorithms._REGISTRY.update(before)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_plugin_whose_config_defaults_do_not_build_is_one_line(
+    broken, capsys, name):
+  del broken
+  with pytest.raises(SystemExit) as e:
+    cli.import_requested(["run", f"--imports={name}"])
+  assert e.value.code == 2
+  assert capsys.readouterr().err == BROKEN[name][1] + "\n"
+  assert not {"badlr", "plain", "own"} & set(algorithms.REGISTRY)
+  training.config.config_class()()  # the commands build their flags
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["experiments.run", "experiments.table2",
+                                     "experiments.pretrain_pm"])
+def test_every_command_stops_at_a_broken_plugin_in_one_line(
+    broken, tmp_path, command):
+  result = subprocess.run(
+      [sys.executable, "-m", command, "--imports=bad_default",
+       f"--output_dir={tmp_path / 'out'}"], cwd=ROOT, capture_output=True,
+      text=True, timeout=300,
+      env={**os.environ, "PYTHONPATH": os.pathsep.join([broken, ROOT])})
+  assert result.returncode == 2
+  assert result.stderr == BROKEN["bad_default"][1] + "\n"
+  assert not os.path.exists(tmp_path / "out")

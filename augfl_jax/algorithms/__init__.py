@@ -30,6 +30,7 @@ procedure is fast adaptation (``augfl_jax.core.evaluation``:
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any, Callable, Mapping
 
@@ -41,7 +42,7 @@ from augfl_jax.algorithms import (augfl, fedavg, fedbc, fedcp, fedit, fedoa,
 from augfl_jax.algorithms.base import (CLIENT_SIZE_ROLES, PM_ROLES,
                                        AlgorithmSpec, FederatedAlgorithm,
                                        Regularizer)
-from augfl_jax.core import client_axis
+from augfl_jax.core import client_axis, fields
 
 __all__ = ["AlgorithmSpec", "CLIENT_SIZE_ROLES", "FederatedAlgorithm",
            "MODULES", "PM_ROLES", "REGISTRY", "Regularizer", "build",
@@ -51,6 +52,8 @@ __all__ = ["AlgorithmSpec", "CLIENT_SIZE_ROLES", "FederatedAlgorithm",
 MODULES = (augfl, fedavg, per_fedavg, fedbc, fedproto, fedpcl, fedcp, fedit,
            fedoa)
 _REGISTRY: dict[str, AlgorithmSpec] = {}
+# The types of a config's fields, each a flag (experiments.cli).
+_FLAG_TYPES = (bool, int, float, str, tuple)
 # name -> AlgorithmSpec, read-only: ``register`` adds to it.
 REGISTRY: Mapping[str, AlgorithmSpec] = types.MappingProxyType(_REGISTRY)
 
@@ -61,8 +64,11 @@ def register(spec_: AlgorithmSpec) -> AlgorithmSpec:
   the same spec again changes nothing. Returns ``spec_``.
 
   Raises:
-    TypeError: ``spec_`` is not an ``AlgorithmSpec``.
-    ValueError: its name is taken by another spec.
+    TypeError: ``spec_`` is not an ``AlgorithmSpec``, or its config class
+      is not a dataclass or has a field of a type no flag takes.
+    ValueError: its name is taken by another spec, or its config class
+      cannot be built from its defaults (a default that breaks its own
+      field's rule: every command builds it so, for its flags).
   """
   if not isinstance(spec_, AlgorithmSpec):
     raise TypeError(f"register takes an AlgorithmSpec, got "
@@ -71,8 +77,41 @@ def register(spec_: AlgorithmSpec) -> AlgorithmSpec:
     raise ValueError(f"algorithm {spec_.name!r} is registered already "
                      f"({_REGISTRY[spec_.name].build.__module__}); choose "
                      "another name")
+  _check_defaults(spec_)
   _REGISTRY[spec_.name] = spec_
   return spec_
+
+
+def _check_defaults(spec_: AlgorithmSpec) -> None:
+  """Raises, as :func:`register` says, for a config class of ``spec_``
+  that is not a dataclass, whose defaults break a rule of its fields, or
+  with a field of a type no flag takes; the message names the algorithm,
+  the field and its flag (its section is a registered method's name)."""
+  cls, where = spec_.config_class, f"algorithm {spec_.name!r}"
+  if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+    raise TypeError(f"{where}: its config class {cls!r} is not a dataclass; "
+                    "make it a frozen dataclass of fields.Config, with a "
+                    "default for every field")
+  try:
+    config = cls()
+  except fields.FieldError as e:
+    field = fields.FieldError(f"{spec_.name}.{e.name}", e.rule)
+    raise ValueError(f"{where}: the default of {cls.__name__}.{e.name} "
+                     f"breaks its own rule ({field}): give the field a "
+                     "default its rule allows") from None
+  except (TypeError, ValueError) as e:
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    raise ValueError(f"{where}: its config {cls.__name__} cannot be built "
+                     f"from its defaults ({type(e).__name__}: {reason}); "
+                     "give every field a default") from None
+  for name, _, owner, _ in fields.walk(config):
+    kind = fields.leaf_type(owner, name.rpartition(".")[2])
+    if kind not in _FLAG_TYPES:
+      raise TypeError(f"{where}: {cls.__name__}.{name} is of type "
+                      f"{getattr(kind, '__name__', kind)}, which no flag "
+                      f"--{spec_.name}.{name} can take; make it one of "
+                      + ", ".join(t.__name__ for t in _FLAG_TYPES)
+                      + " (or None)")
 
 
 for _module in MODULES:

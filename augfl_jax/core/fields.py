@@ -47,7 +47,7 @@ def field(default: Any = _MISSING, help: str = "", *,  # pylint: disable=redefin
   """A dataclass field with its help text and its rules next to it.
 
   Args:
-    default: the default value.
+    default: the default value (none given: the field has no default).
     help: one line for ``--help`` and the docs.
     default_factory: for mutable or nested defaults (a section's instance).
     allow_inf: a float field whose value may be ``inf`` (e.g. an upper
@@ -70,6 +70,8 @@ def field(default: Any = _MISSING, help: str = "", *,  # pylint: disable=redefin
   if default_factory is not _MISSING:
     return dataclasses.field(default_factory=default_factory,
                              metadata=metadata)
+  if default is _MISSING:  # a field without a default
+    return dataclasses.field(metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
 
 

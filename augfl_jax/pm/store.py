@@ -77,10 +77,11 @@ def load_pm(directory: str | os.PathLike, expected: Mapping[str, Any], *,
     PMCheckpointMismatch: a compared field differs; the message names every
       differing field, both values, and how to retrain.
     checkpoint.DamagedCheckpointError: an array or the metadata differs
-      from what was saved; the message says how to replace it.
+      from what was saved, or a file of it cannot be read; the message
+      says how to replace it.
   """
-  check_match(directory, checkpoint.restore_metadata(directory), expected)
   try:
+    check_match(directory, checkpoint.restore_metadata(directory), expected)
     return checkpoint.restore(directory, like)
   except checkpoint.DamagedCheckpointError as e:
     raise checkpoint.DamagedCheckpointError(

@@ -62,7 +62,8 @@ import orbax.checkpoint as ocp
 
 __all__ = ["DamagedCheckpointError", "checksums", "exists", "has_checksums",
            "quiet_closed_loop_callbacks", "restore", "restore_metadata",
-           "restore_target", "save", "seal", "check_seal", "check_checksums"]
+           "restore_target", "save", "seal", "check_seal", "check_checksums",
+           "damage", "failure_reason"]
 
 _STATE = "state"
 _METADATA = "metadata"
@@ -73,7 +74,8 @@ SEAL = "metadata_crc32"
 
 class DamagedCheckpointError(ValueError):
   """A checkpoint reads back, but an array or its metadata differs from what
-  was saved (a checksum mismatch: a flipped bit, an edited value)."""
+  was saved (a checksum mismatch: a flipped bit, an edited value), or a
+  file of it cannot be read (cut short, missing or corrupt)."""
 
 
 def _local_bytes(leaf: Any) -> bytes:
@@ -150,11 +152,13 @@ def check_seal(metadata: Mapping[str, Any], where: str) -> bool:
 
 
 def quiet_closed_loop_callbacks() -> None:
-  """Drops the ``RuntimeError('Event loop is closed')`` that TensorStore's
-  callbacks raise into ``sys.unraisablehook`` when orbax has given up on a
-  damaged or unwritable checkpoint and closed its event loop (one
-  traceback per array, after the error itself was raised and reported);
-  every other unraisable exception goes to the hook installed before."""
+  """Drops what orbax leaves to ``sys.unraisablehook`` when it has given
+  up on a damaged or unwritable checkpoint, after the error itself was
+  raised and reported: the ``RuntimeError('Event loop is closed')`` of
+  TensorStore's callbacks, and the error of each of its reads still in
+  flight, raised again as the read is closed (a traceback of dozens of
+  lines per array); every other unraisable exception goes to the hook
+  installed before."""
   previous = sys.unraisablehook
   if getattr(previous, "_augfl_jax_filter", False):
     return
@@ -162,6 +166,9 @@ def quiet_closed_loop_callbacks() -> None:
   def hook(unraisable):
     if (isinstance(unraisable.exc_value, RuntimeError) and
         str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
       return
     previous(unraisable)
   hook._augfl_jax_filter = True  # pylint: disable=protected-access
@@ -217,9 +224,96 @@ def save(directory: str | os.PathLike, tree: Any,
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _unreadable(path: str, error: BaseException) -> FileNotFoundError:
+# TensorStore's words for an array it could not read: a status code, the
+# array's key ("params.fc1.kernel/0.0") and the files it read.
+_TENSORSTORE_READ = re.compile(r'\b([A-Z_]{4,}): .*?Error reading "([^"/]+)/')
+_TENSORSTORE_FILE = re.compile(r'local file "([^"]+)"')
+# orbax's words for an item (a sub-directory) that is not there, and the
+# items that are (none: no checkpoint at all).
+_MISSING_ITEM = re.compile(r'Item "(\w+)" was not found in the checkpoint\. '
+                           r'Available items: \[([^\]]*)\]')
+_STATUS_WORDS = {"OUT_OF_RANGE": "cut short", "NOT_FOUND": "missing",
+                 "DATA_LOSS": "corrupt", "FAILED_PRECONDITION": "corrupt"}
+
+
+def _causes(error: BaseException):
+  """``error`` and the exceptions it was raised from, outermost first."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def _torn_json(directory: str) -> str | None:
+  """The first file under ``directory`` of orbax's JSON files (its
+  metadata and the items' ``metadata``, ``_METADATA``, ...; not the arrays'
+  files) that does not parse, or ``None``."""
+  for root, dirs, names in sorted(os.walk(directory)):
+    dirs[:] = [d for d in dirs if d != "d"]  # the arrays' data files
+    for name in sorted(names):
+      path = os.path.join(root, name)
+      if name.endswith((".ocdbt", ".txt")):
+        continue
+      try:
+        with open(path, encoding="utf-8") as f:
+          json.load(f)
+      except (OSError, ValueError):
+        return path
+  return None
+
+
+def damage(error: BaseException, directory: str | None = None
+          ) -> str | None:
+  """What ``error`` (orbax's, reading the checkpoint at ``directory``) says
+  is wrong with the checkpoint's files, in plain words ("the file of array
+  ['params']['fc1']['kernel'] under .../state is cut short"), or ``None``
+  when it does not say that a file is cut short, missing or corrupt. A
+  JSON file that does not parse is named when ``directory`` is given."""
+  for e in _causes(error):
+    match = _TENSORSTORE_READ.search(str(e))
+    if match:
+      status, key = match.groups()
+      what = _STATUS_WORDS.get(status, "damaged")
+      files = _TENSORSTORE_FILE.findall(str(e))
+      if files and not files[-1].endswith("/"):
+        return f"{files[-1]} is {what}"
+      array = "".join(f"[{part!r}]" for part in key.split("."))
+      under = f" under {files[-1].rstrip('/')}" if files else ""
+      return f"the file of array {array}{under} is {what}"
+    if isinstance(e, json.JSONDecodeError):
+      torn = _torn_json(directory) if directory else None
+      return f"{torn or 'a JSON file of it'} is cut short or corrupt"
+    match = _MISSING_ITEM.search(str(e)) if isinstance(e, KeyError) else None
+    if match and match.group(2):
+      return f"its directory {match.group(1)} is missing"
+  return None
+
+
+def failure_reason(error: BaseException, directory: str | None = None
+                  ) -> str:
+  """One line for why orbax could not read or write the checkpoint at
+  ``directory``, without its internals: :func:`damage`'s words, else the
+  first line of the message without TensorStore's spec, at most 200
+  characters."""
+  plain = damage(error, directory)
+  if plain is not None:
+    return plain
+  text = str(error).split(" See full TensorStore details")[0].strip()
+  return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def _unreadable(path: str, error: BaseException) -> Exception:
+  """The error for a checkpoint at ``path`` that orbax could not read:
+  :class:`DamagedCheckpointError` where ``error`` says a file of it is
+  cut short, missing or corrupt, else ``FileNotFoundError`` (no
+  checkpoint there)."""
+  plain = damage(error, path)
+  if plain is not None:
+    return DamagedCheckpointError(f"in the checkpoint at {path}, {plain}")
   return FileNotFoundError(
-      f"No readable checkpoint at {path} ({type(error).__name__}: {error})")
+      f"No readable checkpoint at {path} ({type(error).__name__}: "
+      f"{failure_reason(error)})")
 
 
 def _read_metadata(path: str) -> dict[str, Any]:
@@ -252,7 +346,8 @@ def restore_metadata(directory: str | os.PathLike) -> dict[str, Any]:
   Raises:
     FileNotFoundError: ``directory`` is missing or not a readable checkpoint;
       the message names the path.
-    DamagedCheckpointError: the metadata differs from what was saved.
+    DamagedCheckpointError: the metadata differs from what was saved, or
+      its file is cut short or corrupt.
   """
   metadata = _read_metadata(_abspath(directory))
   return {k: v for k, v in metadata.items() if k not in (CHECKSUMS, SEAL)}
@@ -295,7 +390,8 @@ def restore(directory: str | os.PathLike,
     FileNotFoundError: ``directory`` is missing or not a readable checkpoint;
       the message names the path.
     DamagedCheckpointError: an array or the metadata differs from what was
-      saved.
+      saved, or a file of it is cut short, missing or corrupt
+      (:func:`damage`: the message names the array and the file).
     ValueError: the checkpoint is readable but does not fit ``like``.
   """
   path = _abspath(directory)
@@ -306,11 +402,11 @@ def restore(directory: str | os.PathLike,
             restore_target(like))}))
     tree = restored[_STATE]
   except Exception as e:  # pylint: disable=broad-except
-    if like is None:
+    if like is None or damage(e) is not None:
       raise _unreadable(path, e) from e
     raise ValueError(
         f"The checkpoint at {path} does not fit the requested structure "
-        f"({type(e).__name__}: {e})") from e
+        f"({type(e).__name__}: {failure_reason(e)})") from e
   if like is not None:
     tree = _check_like(path, like, tree)
   if CHECKSUMS in metadata:

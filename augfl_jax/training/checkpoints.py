@@ -43,7 +43,7 @@ import orbax.checkpoint as ocp
 
 from augfl_jax.storage.checkpoint import (DamagedCheckpointError,
                                           check_checksums, check_seal,
-                                          checksums,
+                                          checksums, failure_reason,
                                           quiet_closed_loop_callbacks,
                                           restore_target, seal)
 from augfl_jax.training import processes
@@ -56,10 +56,8 @@ class CheckpointError(ValueError):
   line: which, and why)."""
 
 
-def _reason(e: BaseException) -> str:
-  """The first line of an exception's message, at most 200 characters."""
-  text = str(e).strip()
-  return text.splitlines()[0][:200] if text else type(e).__name__
+# One line for an exception of orbax's, without TensorStore's internals.
+_reason = failure_reason
 
 
 def _check_round(step: int, meta: dict[str, Any]) -> None:
@@ -192,8 +190,9 @@ class RunCheckpoints:
           raise ValueError("its metadata has no configuration")
         return step, meta
       except Exception as e:  # pylint: disable=broad-except
-        problems.append(f"step {step}: {_reason(e)}")
-        self._report(step, _reason(e), log)
+        reason = _reason(e, self.path(step))
+        problems.append(f"step {step}: {reason}")
+        self._report(step, reason, log)
     raise CheckpointError(
         f"no checkpoint in {self.directory} reads back ("
         f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
@@ -235,7 +234,7 @@ class RunCheckpoints:
         error = e
       # Across processes, a step damaged in any process's part is damaged.
       if processes.agree(error is not None):
-        reason = (_reason(error) if error is not None else
+        reason = (_reason(error, self.path(step)) if error is not None else
                   "another process's part of it is damaged")
         problems.append(f"step {step}: {reason}")
         damaged.append(step)
