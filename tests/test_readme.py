@@ -1,6 +1,9 @@
-"""The README's Python snippets run as written, in order, in one namespace
-(each builds on the ones before it), in a scratch working directory."""
+"""The code blocks of README.md and of the Markdown pages under docs/: a
+page's Python snippets run as written, in order, in one namespace (each
+builds on the ones before it), in a scratch working directory; its
+``python -m experiments.run`` commands take only flags the command has."""
 
+import glob
 import os
 import re
 
@@ -9,15 +12,59 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def docs_pages():
+  """The Markdown pages under docs/ (whichever there are), relative to
+  ROOT; a local build's output (docs/_build) is no page."""
+  pages = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+  return sorted(p for p in (os.path.relpath(p, ROOT) for p in pages)
+                if "_build" not in p.split(os.sep))
+
+
+def read(page):
+  return open(os.path.join(ROOT, page)).read()
+
+
+def python_snippets(text):
+  """The ```python blocks of a Markdown text, in order."""
+  return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def run_snippets(page, namespace):
+  """Runs ``page``'s Python snippets in order in ``namespace``."""
+  for i, snippet in enumerate(python_snippets(read(page))):
+    exec(compile(snippet, f"{page} snippet {i + 1}", "exec"), namespace)  # pylint: disable=exec-used
+
+
+def run_commands(text):
+  """The flags of each ``python -m experiments.run --flag ...`` of a text,
+  one string per command (its lines continued with a backslash joined; not
+  the transcripts of errors, ``$ ...``)."""
+  lines = "\n".join(l for l in text.splitlines() if not l.startswith("$ "))
+  return re.findall(r"python -m experiments\.run((?: --[\w.]+(?:=\S*)?)*)",
+                    lines.replace("\\\n", " ").replace("`", " "))
+
+
+def check_run_flags(args):
+  """Raises unless ``python -m experiments.run`` takes the flags ``args``
+  (a string) and their values."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top
+  values = flags.FlagValues()
+  run_flags.define_config_flags(flag_values=values)
+  run_flags.define_distributed_flags(flag_values=values)
+  # Raises on a flag the run lacks (--help is the parser's: tested in
+  # test_flags).
+  values(["run"] + [a for a in args.split() if a != "--help"])
+  run_flags.config_from_flags(values)
+
+
 @pytest.mark.slow
 def test_readme_python_snippets_run(tmp_path, monkeypatch, capsys):
-  text = open(os.path.join(ROOT, "README.md")).read()
-  snippets = re.findall(r"```python\n(.*?)```", text, re.S)
-  assert len(snippets) >= 4  # w/o PM, w/ PM, one client, training.run
+  # w/o PM, w/ PM, one client, training.run
+  assert len(python_snippets(read("README.md"))) >= 4
   monkeypatch.chdir(tmp_path)  # runs/ of the snippets lands here
   namespace = {}
-  for i, snippet in enumerate(snippets):
-    exec(compile(snippet, f"README.md snippet {i + 1}", "exec"), namespace)  # pylint: disable=exec-used
+  run_snippets("README.md", namespace)
   printed = [float(line) for line in
              capsys.readouterr().out.strip().splitlines()]
   assert len(printed) == 3
@@ -32,21 +79,11 @@ def test_readme_run_commands_parse_and_the_cpu_command_comes_first():
   transcripts of errors, ``$ ...``) takes only flags the command has and
   values it accepts; "Real data" puts the command that fits a CPU
   (results/fashion_mnist/'s PM and rounds) before the paper's."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top
-  text = open(os.path.join(ROOT, "README.md")).read()
-  lines = "\n".join(l for l in text.splitlines() if not l.startswith("$ "))
-  commands = re.findall(r"python -m experiments\.run((?: --[\w.]+(?:=\S*)?)*)",
-                        lines.replace("`", " "))
+  text = read("README.md")
+  commands = run_commands(text)
   assert len(commands) >= 6
   for args in commands:
-    values = flags.FlagValues()
-    run_flags.define_config_flags(flag_values=values)
-    run_flags.define_distributed_flags(flag_values=values)
-    # Raises on a flag the run lacks (--help is the parser's: tested in
-    # test_flags).
-    values(["run"] + [a for a in args.split() if a != "--help"])
-    run_flags.config_from_flags(values)
+    check_run_flags(args)
   real_data = text[text.index("## Real data"):text.index("## The library")]
   first = re.search(r"python -m experiments\.run [^\n`]*", real_data)[0]
   assert first == ("python -m experiments.run --dataset=fashion_mnist "
@@ -54,3 +91,19 @@ def test_readme_run_commands_parse_and_the_cpu_command_comes_first():
   results = open(os.path.join(ROOT, "results", "fashion_mnist",
                               "README.md")).read()
   assert all(flag in results for flag in first.split()[4:])  # PM, rounds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "page", [p for p in docs_pages() if python_snippets(read(p))])
+def test_docs_python_snippets_run(page, tmp_path, monkeypatch):
+  """A page of docs/ runs its Python snippets as README does."""
+  monkeypatch.chdir(tmp_path)  # runs/ of the snippets lands here
+  run_snippets(page, {})
+
+
+@pytest.mark.parametrize("page", docs_pages())
+def test_docs_run_commands_parse(page):
+  """A page of docs/ gives ``experiments.run`` only flags it takes."""
+  for args in run_commands(read(page)):
+    check_run_flags(args)

@@ -11,8 +11,9 @@ prototype of class k over the clients that hold it:
 
   ``"count"``:   ``Cbar^(k) = sum_i n_ik C_i^(k) / sum_i n_ik``   (each client
                  weighted by its number of examples of class k; the FedProto
-                 paper's weights |D_ik| / N_k, whose extra 1/|N_k| factor in
-                 Eq. 4 we read as a typo: it would shrink every prototype);
+                 paper's weights ``|D_ik| / N_k``, whose extra ``1/|N_k|``
+                 factor in Eq. 4 we read as a typo: it would shrink every
+                 prototype);
   ``"uniform"``: ``Cbar^(k) = mean_{i: n_ik > 0} C_i^(k)`` (the public code of
                  FedProto and FedPCL, ``proto_aggregation``).
 

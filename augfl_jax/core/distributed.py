@@ -6,7 +6,7 @@ program and ``jax.devices()`` lists the devices of all processes, so the
 spans them and ``augfl.make_round(..., strategy="sharded:map")`` runs the
 client axis on all of them: each device its own clients, the server's sums
 over clients (Eq. (13)) an XLA all-reduce across processes. What the
-processes must agree on is the round's inputs, as global ``jax.Array``s:
+processes must agree on is the round's inputs, as global arrays (``jax.Array``):
 
 * per-client leaves (``[C, ...]``: client data, duals, client models, round
   counters) split on the client axis: ``shard_clients`` when every process

@@ -86,8 +86,8 @@ def pad_stack(
       ``[0, num_classes)`` (:func:`check_labels`).
 
   Returns:
-    ``{"x": [C, pad_to, ...] float32, "y": [C, pad_to] int32,
-    "mask": [C, pad_to] float32}`` as device arrays; row ``j`` of client ``i``
+    ``{"x": [C, pad_to, ...] float32, "y": [C, pad_to] int32,``
+    ``"mask": [C, pad_to] float32}`` as device arrays; row ``j`` of client ``i``
     is real iff ``j < len(index_lists[i])``; padding rows are all zeros.
 
   Raises:

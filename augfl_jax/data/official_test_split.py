@@ -247,8 +247,9 @@ def test_split_clients(dataset: Dataset, partition: Partition,
     dataset: the train split the run trains on.
     partition: the run's partition of ``dataset``.
     test: the test split, or ``None`` for the partition's left-overs.
-    num_clients, M, classes_per_client, support_fraction, seed,
-    partition_kind, dirichlet_alpha: the protocol, as
+    num_clients, M, classes_per_client, support_fraction: the protocol, as
+      :func:`draw_clients`.
+    seed, partition_kind, dirichlet_alpha: the protocol, as
       :func:`draw_clients` (``partition_kind`` is its ``partition``).
 
   Returns:

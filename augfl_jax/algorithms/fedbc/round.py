@@ -22,6 +22,7 @@ public code's, both agree):
    lambda_j^{t+1}``; when those lambdas sum to 0 (e.g. the first round of a
    run whose duals have not moved) the server falls back to the
    sample-weighted mean of the ``x_j^{t+1}`` (the public code divides by zero).
+
 Clients outside ``S_t`` keep ``x_k, lambda_k, gamma_k`` (Algorithm 1 line 10).
 
 Local training on the Lagrangian (FedBC: minibatch SGD, Algorithm 2;

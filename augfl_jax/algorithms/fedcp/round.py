@@ -12,12 +12,12 @@ Each client's model is an ensemble of (public code, ``clientcp.py``):
     during local training);
   * the personal head W^hp (same shape; PERSONAL, never leaves the client).
 
-Forward pass of client i on x (``fedcp_model``), with ``r = f(x; W^fe)``:
+Forward pass of client i on x (``fedcp_model``), with ``r = f(x; W^fe)``::
 
-  ``v_i = normalize(sum_k W^hp[:, k])``   (the conditional input from the
-                                         personal head, PFLlib's ``set_head_g``)
-  ``(p, g) = CPN(r * v_i)``;  ``r_p = r * p``,  ``r_g = r * g``  (r_p + r_g = r)
-  ``logits = W^hp(r_p) + W^hg(r_g)``
+  v_i = normalize(sum_k W^hp[:, k])   (the conditional input from the
+                                      personal head, PFLlib's set_head_g)
+  (p, g) = CPN(r * v_i);  r_p = r * p,  r_g = r * g  (r_p + r_g = r)
+  logits = W^hp(r_p) + W^hg(r_g)
 
 Local objective: ``CE(logits, y) + lam * MMD(r, f(x; W^fe_global))``, the
 RBF-kernel MMD (bandwidths 10, 15, 20, 50) between the features of the
@@ -97,7 +97,8 @@ class FedCPConfig(fields.Config):
 
 @flax.struct.dataclass
 class FedCPState:
-  """Attributes:
+  """
+  Attributes:
     params: the global model: feature extractor W^fe and, as its classifier
       (``params["head"]`` / ``params["fc"]``), the global head W^hg.
     cpn: the global CPN's parameters.
