@@ -49,7 +49,7 @@ import numpy as np
 
 from augfl_jax.core import intervals
 from experiments import cli, flag_help
-from experiments.compare import check_output_file
+from experiments.compare import check_output_file, write_output
 from experiments.curves import (ALGORITHM, DATASET, REPEAT_FIELDS,
                                 REPEAT_SECTIONS, SEED, Curve, PlotError,
                                 find_runs, flatten, group_curves, load_run)
@@ -221,11 +221,17 @@ def check_output(output: str) -> None:
 
 def plot_curves(curves: Sequence[Curve], output: str, title: str = "") -> None:
   """Writes ``make_figure(curves, title)`` to ``output`` (its format by its
-  suffix: :func:`check_output`)."""
+  suffix: :func:`check_output`), through a temporary file renamed into
+  place: a failure (a full disk) keeps the figure there before whole, and
+  says so naming ``output`` (``PlotError``)."""
   check_output(output)
   fig = make_figure(curves, title)
+  suffix = os.path.splitext(output)[1][1:].lower()
   try:
-    fig.savefig(output, dpi=120, bbox_inches="tight")
+    write_output(output, lambda tmp: fig.savefig(
+        tmp, format=suffix, dpi=120, bbox_inches="tight"))
+  except ValueError as e:
+    raise PlotError(str(e)) from None
   finally:
     plt.close(fig)
 
