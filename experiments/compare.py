@@ -290,15 +290,15 @@ def _write_text(path: str, text: str) -> None:
 def write_output(path: str, write: Callable[[str], None],
                  flag: str = "--output") -> None:
   """``write(tmp)`` writes the file, then it replaces ``path`` atomically
-  (``outputs.replacing``): on a failure (a full disk) the file there before
-  is kept whole.
+  (``outputs.replacing``; a symbolic link's target, the link kept): on a
+  failure (a full disk) the file there before is kept whole.
 
   Raises:
     ValueError: one line naming ``path``, the reason, and that the file
       there before is unchanged.
   """
   try:
-    with outputs.replacing(path) as tmp:
+    with outputs.replacing(os.path.realpath(path)) as tmp:
       write(tmp)
   except OSError as e:
     raise ValueError(f"{flag}={path} could not be written "

@@ -299,8 +299,9 @@ def load_run_score(run_dir: str, method: str, seed: int,
       _check_scores(path, "test-split", test_split.correct,
                     test_split.count)
     return RunScore(method, seed, run_dir, rounds, heldout, test_split,
-                    float(summary["best_accuracy"]),
-                    float(summary["seconds"]), _protocol(meta["config"]))
+                    max(float(r["accuracy"]) for r in records),
+                    float(meta.get("seconds", summary["seconds"])),
+                    _protocol(meta["config"]))
   except (KeyError, TypeError) as e:
     raise ValueError(f"{run_dir}: its summary.json or metrics.jsonl lacks "
                      f"{e} (an edited or damaged file); rerun the run"

@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from augfl_jax import data
 from augfl_jax.core import fields, tree
+from augfl_jax.core.progress import counted
 from augfl_jax.training import processes
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import RunConfig, config_class, pm_role
@@ -330,8 +331,8 @@ def _jsonl_differs(out: OutputDir, name: str, sealed: list[dict[str, Any]],
   if found == sealed:
     return []
   if len(found) != len(sealed):
-    return [f"{name} holds {len(found)} records where the checkpoint sealed "
-            f"{len(sealed)}"]
+    return [f"{name} holds {counted(len(found), 'record')} where the "
+            f"checkpoint sealed {len(sealed)}"]
   first = next(b for a, b in zip(found, sealed) if a != b)
   return [f"{name}'s record of round {first.get('round')} is not the one "
           "the checkpoint sealed"]
