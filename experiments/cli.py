@@ -321,6 +321,15 @@ def quiet_cache_warnings(directory: str) -> None:
   warnings.showwarning = show
 
 
+def quiet_library_logs() -> None:
+  """absl's logs off unless --verbosity is given: orbax logs every file it
+  touches (reading a checkpoint too)."""
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.FATAL)
+    # asyncio's "Task exception was never retrieved" for orbax's tasks.
+    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
+
+
 def start_command() -> None:
   """What every command does first: absl logs off unless --verbosity is
   given (orbax logs every file it touches, and logs each failure of a
@@ -329,10 +338,7 @@ def start_command() -> None:
   written is a warning, one line, and the command runs without it; one
   whose entries cannot be read warns in one line
   (:func:`quiet_cache_warnings`)."""
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.FATAL)
-    # asyncio's "Task exception was never retrieved" for orbax's tasks.
-    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
+  quiet_library_logs()
   if FLAGS.compilation_cache:
     try:
       directory = enable_compilation_cache(FLAGS.compilation_cache_dir)

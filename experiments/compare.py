@@ -27,8 +27,15 @@ the authors' 10 fixed users). Runs of one seed must have been scored on the
 same clients (the same partition protocol); otherwise the command stops
 with one line.
 
+Each run is scored from what its newest checkpoint sealed, and refused in
+one line, with the command that writes its files again, where its
+``metrics.jsonl``, ``summary.json`` or ``config.json`` are not what it
+sealed (``experiments.scores``); one run under two names is refused.
+
 The table (markdown) is printed, and written to ``--output`` when given
-(its directory must exist; it is checked before anything is read).
+(its directory must exist; it is checked before anything is read), through
+a temporary file renamed into place: the file there before is replaced
+whole or kept.
 """
 
 from __future__ import annotations
@@ -36,10 +43,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from typing import Callable
 
 from absl import flags
 
 from augfl_jax.core import intervals
+from augfl_jax.training import outputs
 from experiments import cli, scores
 
 FLAGS = flags.FLAGS
@@ -135,8 +144,10 @@ def run_dirs(runs: dict[str, str], seeds: list[int] | None
 
   Raises:
     ValueError: a missing or unfinished run, a run directory whose
-      ``config.json`` names no seed, run directories of different seeds, or
-      a run directory of a seed other than ``seeds``.
+      ``config.json`` names no seed, run directories of different seeds, a
+      run directory of a seed other than ``seeds``, or one run under two
+      names (the same directory, a link to it, or a run directory and the
+      directory of seeds that holds it).
   """
   single = {}  # name -> (run directory, its seed)
   for name, directory in runs.items():
@@ -172,6 +183,12 @@ def run_dirs(runs: dict[str, str], seeds: list[int] | None
               "takes a run's directory or a directory of seeds "
               "(DIR/seed<s>)")
       paths[name, seed] = path
+  named = {}  # one run under two names would be compared with itself
+  for (name, seed), path in paths.items():
+    other = named.setdefault(os.path.realpath(path), name)
+    if other != name:
+      raise ValueError(f"--runs: {other} and {name} name the same run "
+                       f"({path}); name two different runs")
   return seeds, paths
 
 
@@ -187,10 +204,10 @@ def _seed_of(run_dir: str) -> int:
       config = json.load(f)
   except OSError as e:
     raise ValueError(f"{path}: cannot be read ({e.strerror or e}); it "
-                     "names the run's seed") from None
+                     f"names the run's seed: {outputs.REWRITE}") from None
   except ValueError as e:
     raise ValueError(f"{path}: not readable JSON ({e}); it names the run's "
-                     "seed") from None
+                     f"seed: {outputs.REWRITE}") from None
   seed = config.get("seed") if isinstance(config, dict) else None
   if not isinstance(seed, int) or isinstance(seed, bool):
     raise ValueError(f"{path}: names no seed (an integer \"seed\")")
@@ -262,12 +279,36 @@ def _main() -> None:
                  FLAGS.clients)
   print(text)
   if FLAGS.output:
-    with open(FLAGS.output, "w") as f:
-      f.write(text + "\n")
+    write_output(FLAGS.output, lambda tmp: _write_text(tmp, text + "\n"))
+
+
+def _write_text(path: str, text: str) -> None:
+  with open(path, "x") as f:
+    f.write(text)
+
+
+def write_output(path: str, write: Callable[[str], None],
+                 flag: str = "--output") -> None:
+  """``write(tmp)`` writes the file, then it replaces ``path`` atomically
+  (``outputs.replacing``; a symbolic link's target, the link kept): on a
+  failure (a full disk) the file there before is kept whole.
+
+  Raises:
+    ValueError: one line naming ``path``, the reason, and that the file
+      there before is unchanged.
+  """
+  try:
+    with outputs.replacing(os.path.realpath(path)) as tmp:
+      write(tmp)
+  except OSError as e:
+    raise ValueError(f"{flag}={path} could not be written "
+                     f"({e.strerror or e}); the file there before, if any, "
+                     "is unchanged") from None
 
 
 def main(argv: list[str]) -> None:
   del argv  # flags only (cli.parse_flags)
+  cli.quiet_library_logs()  # orbax's, as the runs' checkpoints are read
   cli.run_command(_main)
 
 

@@ -118,7 +118,8 @@ def read_run(run_dir: str, log: Callable[[str], None] = _warn
   except OSError as e:
     raise PlotError(f"{path}: cannot be read ({e.strerror or e})") from None
   except ValueError as e:
-    raise PlotError(f"{path}: not readable JSON ({e})") from None
+    raise PlotError(f"{path}: not readable JSON ({e}); "
+                    f"{training.outputs.REWRITE}") from None
   if not isinstance(config, dict):
     raise PlotError(f"{path}: not a JSON object")
   path = run.file("metrics.jsonl")

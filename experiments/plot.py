@@ -63,7 +63,7 @@ import numpy as np
 
 from augfl_jax.core import intervals
 from experiments import cli, flag_help
-from experiments.compare import check_output_file
+from experiments.compare import check_output_file, write_output
 from experiments.curves import (ALGORITHM, DATASET, REPEAT_FIELDS,
                                 REPEAT_SECTIONS, SEED, Curve, PlotError,
                                 find_runs, flatten, group_curves, load_run)
@@ -419,9 +419,17 @@ def write_figure(fig, output: str) -> None:
   """Writes ``fig`` to ``output``, in the format its suffix names
   (:func:`check_output`), of the figure's size: a PNG (or other raster) at
   :data:`DPI`, a PDF or PostScript with TrueType fonts embedded (not Type
-  3, which some publishers refuse), an SVG with its text as paths."""
-  with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}):
-    fig.savefig(output, dpi=DPI)
+  3, which some publishers refuse), an SVG with its text as paths. It goes
+  through a temporary file renamed into place: a failure (a full disk)
+  keeps the figure there before whole, and says so naming ``output``
+  (``PlotError``)."""
+  suffix = os.path.splitext(output)[1][1:].lower()
+  try:
+    with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}):
+      write_output(output, lambda tmp: fig.savefig(tmp, format=suffix,
+                                                   dpi=DPI))
+  except ValueError as e:
+    raise PlotError(str(e)) from None
 
 
 def parse_flags_and_paths(argv: list[str]) -> list[str]:

@@ -1,9 +1,14 @@
 """The figures of a comparison of methods over seeds, with their intervals.
 
-A run's score is read from its ``metrics.jsonl``: the last evaluation's
+A run's score is what its newest checkpoint sealed: the last evaluation's
 held-out clients (the protocol's own, e.g. 10) and, where the run scored
 them, its test-split clients (many clients from the dataset's test split,
 the same for every method of a seed: :mod:`augfl_jax.data.official_test_split`).
+Its ``metrics.jsonl``, ``summary.json`` and ``config.json`` must be what
+the checkpoint sealed (:func:`augfl_jax.training.resume.differing_files`):
+a file copied from another run, edited or torn is refused in one line
+with the command that writes it again from the checkpoint
+(:func:`resume_command`), as is a run without a sealed checkpoint.
 Per-client correct predictions and query sizes are kept, so that two
 methods of one seed can be compared client by client.
 
@@ -23,12 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from typing import Any, Callable
 
 import numpy as np
 
-from augfl_jax.core import intervals
-from augfl_jax.training import outputs
+from augfl_jax import training
+from augfl_jax.core import fields, intervals
+from augfl_jax.training import checkpoints, outputs
+from augfl_jax.training import resume as resuming
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,43 +151,136 @@ def _ints(values: Any, path: str, what: str) -> np.ndarray:
   return array.astype(np.int64)
 
 
+def _flag(name: str, value: Any) -> str:
+  """``--name=value`` as ``experiments.run`` reads it."""
+  if isinstance(value, bool):
+    value = str(value).lower()
+  elif isinstance(value, (list, tuple)):
+    value = ",".join(map(str, value))
+  return shlex.quote(f"--{name}={value}")
+
+
+def resume_command(run_dir: str, recorded: dict[str, Any]) -> str:
+  """The ``experiments.run --resume`` command of the run in ``run_dir``
+  whose (sealed, resolved) configuration is ``recorded``: the flags of the
+  fields that the defaults and presets do not fill with the same value, in
+  the sections its run reads."""
+  cls = training.config.config_class()
+  try:
+    target = fields.from_dict(cls, recorded)
+  except (ValueError, TypeError, AttributeError):
+    return (f"python -m experiments.run --output_dir={shlex.quote(run_dir)}"
+            " --resume and the run's own flags")
+  unread = set(training.unread_sections(target))
+  chosen: dict[str, Any] = {}
+  current = training.resolve(cls())
+  for name, _, _, value in fields.walk(target):
+    if ("." in name and name.partition(".")[0] in unread) or (
+        value is None or fields.get(current, name) == value):
+      continue
+    chosen[name] = value
+    try:
+      current = training.resolve(fields.replace(cls(), **chosen))
+    except (ValueError, TypeError):  # a combination refused on its way
+      pass
+  return " ".join(["python -m experiments.run",
+                   shlex.quote(f"--output_dir={run_dir}")] +
+                  [_flag(n, v) for n, v in chosen.items()] + ["--resume"])
+
+
+def sealed(run_dir: str, log: Callable[[str], None] = lambda line: None
+          ) -> tuple[str, dict[str, Any]]:
+  """``(path, meta)`` of the newest checkpoint of the run in ``run_dir``:
+  what the run sealed.
+
+  Raises:
+    ValueError: one line: the run has no checkpoint, or its newest one
+      does not read back (damaged, or unsealed).
+  """
+  root = os.path.join(run_dir, "checkpoints")
+  manager = checkpoints.RunCheckpoints(root)  # touches nothing
+  try:
+    steps = manager.steps() if os.path.isdir(root) else []
+    if not steps:
+      raise ValueError(
+          f"{run_dir}: no checkpoint, so nothing sealed its scores (its "
+          "checkpoints were removed, or another tool wrote it); rerun the "
+          "run")
+    path = manager.path(steps[-1])
+    try:
+      meta = manager.read_meta(steps[-1])
+      if not isinstance(meta, dict) or "config" not in meta:
+        raise ValueError("its metadata has no configuration")
+    except Exception as e:  # pylint: disable=broad-except
+      reason = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+      raise ValueError(
+          f"{run_dir}: its newest checkpoint {path} does not read back "
+          f"({reason[:200]}), so it cannot vouch for the run's scores; "
+          "continue the run with its command and --resume (it goes back to "
+          "the checkpoint before, if one reads back, and trains the rounds "
+          "since), or rerun the run") from None
+    return path, meta
+  finally:
+    manager.close()
+
+
+def check_files(run_dir: str, path: str, meta: dict[str, Any],
+                log: Callable[[str], None]) -> None:
+  """Refuses (``ValueError``, one line with the command that writes them
+  again) the run in ``run_dir`` when its files are not what its newest
+  checkpoint (``path``, ``meta``) sealed
+  (``training.resume.differing_files``; a torn last line of
+  ``metrics.jsonl`` past the checkpoint is dropped, telling ``log``)."""
+  differ = resuming.differing_files(outputs.OutputDir(run_dir), meta, log)
+  if differ:
+    raise ValueError(
+        f"{run_dir}: {differ[0]}" + (f" (and {len(differ) - 1} more)"
+                                     if len(differ) > 1 else "")
+        + f": not what its checkpoint {path} sealed (copied from another "
+        "run, edited, or cut short); write the run's files again from it "
+        f"with: {resume_command(run_dir, meta['config'])}")
+
+
 def load_run_score(run_dir: str, method: str, seed: int,
                    log: Callable[[str], None] = lambda line: None
                   ) -> RunScore:
-  """The final scores of the run in ``run_dir`` (its ``metrics.jsonl``,
-  ``summary.json`` and ``config.json``); a torn last line of
-  ``metrics.jsonl`` (a run stopped mid-write) is dropped, saying so to
-  ``log``.
+  """The final scores of the run in ``run_dir``: its newest checkpoint's
+  sealed records (:func:`sealed`), once its ``metrics.jsonl``,
+  ``summary.json`` and ``config.json`` are checked to be what it sealed
+  (:func:`check_files`; a torn last line of ``metrics.jsonl``, a run
+  stopped while it wrote a record past its checkpoint, is dropped, saying
+  so to ``log``).
 
   Raises:
-    ValueError: one line naming the file: an unreadable file, a run
-      without an evaluation, written by a version that did not record
-      per-client query sizes, whose last evaluation is not of the round its
-      summary says (it went on after it finished), or with scores no run
-      writes.
+    ValueError: one line naming the file: no sealed checkpoint, files that
+      are not what it sealed, a run without an evaluation, written by a
+      version that did not record per-client query sizes, whose last
+      evaluation is not of the round its summary says (it went on after it
+      finished), or with scores no run writes.
   """
   out = outputs.OutputDir(run_dir)
-  try:
-    records = out.read_records("metrics.jsonl", log)
-    summary = out.read_json("summary.json")
-    config = (out.read_json("config.json")
-              if os.path.exists(out.file("config.json")) else {})
-  except OSError as e:
-    raise ValueError(f"{run_dir}: {e.strerror or e}: "
-                     f"{e.filename or ''}") from None
   path = out.file("metrics.jsonl")
-  if not records or "client_count" not in records[-1]:
-    raise ValueError(f"{path}: no evaluation with per-client query sizes "
-                     "(a run of an older version): run it again")
+  checkpoint, meta = sealed(run_dir)
+  records = meta.get("records")
+  if not isinstance(records, list) or not records or (
+      "client_count" not in records[-1]):
+    raise ValueError(f"{checkpoint}: no evaluation with per-client query "
+                     "sizes sealed (a run of an older version): run it "
+                     "again")
+  try:
+    summary = out.read_json("summary.json")
+    rounds = int(summary["rounds"])
+  except (OSError, ValueError, KeyError, TypeError):
+    summary = rounds = None  # named by check_files
+  if rounds is not None and records[-1].get("round") != rounds:
+    raise ValueError(
+        f"{path}: its last evaluation is of round {records[-1].get('round')}"
+        f", but its summary.json of a {rounds}-round run: the run went on "
+        "after it finished (resumed with a larger --rounds and stopped); "
+        "finish it, or score it with the --rounds of its last round")
+  check_files(run_dir, checkpoint, meta, log)
   final = records[-1]
   try:
-    rounds = int(summary["rounds"])
-    if int(final["round"]) != rounds:
-      raise ValueError(
-          f"{path}: its last evaluation is of round {final['round']}, but "
-          f"its summary.json of a {rounds}-round run: the run went on after "
-          "it finished (resumed with a larger --rounds and stopped); finish "
-          "it, or score it with the --rounds of its last round")
     counts = _ints(final["client_count"], path, "held-out")
     accuracy = np.asarray(final["client_accuracy"], np.float64)
     if not np.all(np.isfinite(accuracy)):
@@ -199,8 +300,9 @@ def load_run_score(run_dir: str, method: str, seed: int,
       _check_scores(path, "test-split", test_split.correct,
                     test_split.count)
     return RunScore(method, seed, run_dir, rounds, heldout, test_split,
-                    float(summary["best_accuracy"]),
-                    float(summary["seconds"]), _protocol(config))
+                    max(float(r["accuracy"]) for r in records),
+                    float(meta.get("seconds", summary["seconds"])),
+                    _protocol(meta["config"]))
   except (KeyError, TypeError) as e:
     raise ValueError(f"{run_dir}: its summary.json or metrics.jsonl lacks "
                      f"{e} (an edited or damaged file); rerun the run"

@@ -10,8 +10,17 @@ r"""A grid of runs over configuration fields and seeds, with a table.
 own directory under ``--output_dir``; a finished run of the same
 configuration is reused and an interrupted one continues from its
 checkpoint, so an interrupted sweep resumes (a larger ``--rounds`` trains the
-finished runs further). Writes ``results.csv`` (one row per run) and
-``results.md`` (final test-client accuracy, mean ± std over seeds, per cell).
+finished runs further). A finished run is reused by what its newest
+checkpoint sealed (its configuration, round and records); one whose files
+are not what it sealed (copied from another run, edited, torn) is refused
+in one line with the command that writes them again. Writes
+``results.json`` (what the table is of: each cell's configuration and the
+seeds), ``results.csv`` (one row per run) and ``results.md`` (final
+test-client accuracy, mean ± std over seeds, per cell). A table of other
+cells, seeds or configuration in ``--output_dir`` is never replaced by a
+smaller one: the sweep stops before any run unless ``--replace_results``
+is given; ``--grid`` or ``--seeds`` naming nothing, or a value twice, is
+refused.
 
 The runs go one after another in this one process, on its devices: a sweep
 launches no run across processes or hosts (``--distributed.*`` is
@@ -26,6 +35,7 @@ import contextlib
 import csv
 import io
 import itertools
+import json
 import os
 import shlex
 import signal
@@ -41,6 +51,7 @@ from augfl_jax.core import fields, progress
 from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
 from experiments import cli as run_flags
+from experiments import curves, scores
 
 FLAGS = flags.FLAGS
 Cell = dict[str, Any]  # dotted RunConfig field -> value
@@ -103,6 +114,9 @@ def parse_grid(text: str) -> list[Cell]:
       raise ValueError(f"bad --grid entry {part!r}: expected name=v1,v2 with "
                        "a dotted RunConfig field as name (e.g. augfl.rho, "
                        "eval.alpha, data.M, rounds)")
+    if name == "seed":
+      raise ValueError(f"--grid: {part}: every cell runs every seed of "
+                       f"--seeds; pass --seeds={values.strip()}")
     if any(axis[0][0] == name for axis in axes):
       raise ValueError(f"--grid names {name} more than once; give its values "
                        f"once ({name}=v1,v2)")
@@ -128,8 +142,11 @@ def command_line() -> str:
 
 def distinct(values: list[Any], flag: str) -> list[Any]:
   """``values`` unchanged; ``ValueError`` (one line, ``flag`` naming
-  where they come from: ``--seeds``) when one is named twice (a seed or a
-  method counted twice would weigh twice)."""
+  where they come from: ``--seeds``) when there are none (a table of
+  nothing would replace one of something) or one is named twice (a seed
+  or a method counted twice would weigh twice)."""
+  if not values:
+    raise ValueError(f"{flag} names nothing; name at least one")
   seen = set()
   twice = [v for v in values if v in seen or seen.add(v)]
   if twice:
@@ -146,7 +163,8 @@ def exclusive(directory: str) -> Iterator[None]:
   """Holds ``directory``'s lock (``.augfl_jax.lock``, the directory made
   if needed) for the block: one command writes there at a time; another
   stops at once, one line naming the holder. Re-entered in the process
-  that holds it, it holds it on."""
+  that holds it, it holds it on. Taking it removes the temporary files
+  (``.tmp-*``) a command killed while it wrote a table left there."""
   key = os.path.realpath(directory)
   if key in _held:
     yield
@@ -159,6 +177,13 @@ def exclusive(directory: str) -> Iterator[None]:
   if fd is None:
     raise ValueError(f"{directory} is in use by another command (process "
                      f"{holder}); wait for it to finish or write elsewhere")
+  # What a command killed while it wrote a table left (no other writes
+  # there while this one holds the lock).
+  for name in os.listdir(directory):
+    if name.startswith(".tmp-") and os.path.isfile(
+        os.path.join(directory, name)):
+      with contextlib.suppress(OSError):
+        os.remove(os.path.join(directory, name))
   _held.add(key)
   try:
     yield
@@ -172,10 +197,16 @@ def cell_name(cell: Cell) -> str:
           or "base")
 
 
-def _sealed(run_dir: str) -> tuple[int, dict[str, Any]] | None:
-  """``(round, configuration)`` of the newest checkpoint of ``run_dir``
-  that reads back (its metadata, sealed with a checksum: what the run is,
-  whatever its ``config.json`` says); None without one."""
+def _sealed(run_dir: str, log: Callable[[str], None]
+           ) -> tuple[int, dict[str, Any]] | None:
+  """``(round, metadata)`` of the newest checkpoint of ``run_dir`` that
+  reads back (its metadata, sealed: what the run is, whatever its
+  ``config.json`` says), telling ``log`` of each newer one that does not;
+  None without a checkpoint.
+
+  Raises:
+    ValueError: the run has checkpoints, and none reads back.
+  """
   out = outputs.OutputDir(run_dir)
   root = out.file("checkpoints")
   if "checkpoints" not in out.own_files() or not os.path.isdir(root):
@@ -184,38 +215,50 @@ def _sealed(run_dir: str) -> tuple[int, dict[str, Any]] | None:
   try:
     if not manager.steps():
       return None
-    step, meta = manager.latest_meta(log=lambda line: None)
-    return step, meta["config"]
-  except checkpoints.CheckpointError:
-    return None
+    return manager.latest_meta(log)
+  except checkpoints.CheckpointError as e:
+    raise ValueError(f"{e.what}; {_start_again(run_dir)}") from None
   finally:
     manager.close()
 
 
-def finished_run(run_dir: str, config: training.RunConfig
+def _start_again(run_dir: str) -> str:
+  """The way out of a run directory whose checkpoints are all damaged."""
+  return (f"remove {run_dir} to run it again, or choose another "
+          "--output_dir")
+
+
+def finished_run(run_dir: str, config: training.RunConfig,
+                 log: Callable[[str], None] = print
                 ) -> dict[str, Any] | None:
   """The summary of the run in ``run_dir`` if it is ``config``'s and has
   done ``config.rounds`` rounds; ``None`` if it must run (absent,
   interrupted, or fewer rounds: it continues). What the run is comes from
-  its newest checkpoint's sealed metadata (its configuration and round),
-  not from its ``config.json``, which may have been edited.
+  its newest checkpoint's sealed metadata (its configuration, round and
+  records), not from its files, which may have been edited, torn or
+  copied from another run: a newer checkpoint that does not read back
+  (damaged, unsealed) is named to ``log`` and the run continues from the
+  one before, as ``--resume`` does.
 
   Raises:
     ValueError: ``run_dir`` holds a run of another configuration (fields
       outside ``training.resumable_fields`` differ, or a configuration
-      this version cannot read), or one that went beyond
-      ``config.rounds``.
+      this version cannot read), one that went beyond ``config.rounds``,
+      checkpoints none of which reads back, or a finished run whose
+      ``metrics.jsonl``, ``summary.json``, ``config.json`` or
+      ``changes.jsonl`` are not what it sealed (one line with the command
+      that writes them again).
   """
   out = outputs.OutputDir(run_dir)
   if "summary.json" not in out.own_files() or not os.path.exists(
       out.file("summary.json")):
     return None  # the run decides: a fresh run, or a refused directory
-  sealed = _sealed(run_dir)
+  sealed = _sealed(run_dir, log)
   if sealed is None:
     return None  # no checkpoint to tell what it is: the run decides
-  step, recorded = sealed
+  step, meta = sealed
   try:
-    saved = fields.from_dict(type(config), recorded)
+    saved = fields.from_dict(type(config), meta["config"])
   except (ValueError, TypeError, AttributeError) as e:
     raise ValueError(f"{run_dir} holds a run whose configuration does not "
                      f"read as a RunConfig ({e}); choose another "
@@ -231,8 +274,13 @@ def finished_run(run_dir: str, config: training.RunConfig
     raise ValueError(f"{run_dir} holds a run at round {step}, beyond "
                      f"--rounds={config.rounds}; pass --rounds={step} or "
                      "more, or choose another --output_dir")
-  summary = out.read_json("summary.json")
-  return summary if step == summary.get("rounds") == config.rounds else None
+  done = _finished_rounds(run_dir)
+  if step != config.rounds or (done is not None and done < step):
+    return None  # it continues (a summary of fewer rounds: stopped after
+    # its last checkpoint, before the summary of its extension)
+  scores.check_files(run_dir, os.path.join(out.file("checkpoints"),
+                                           f"step_{step}"), meta, log)
+  return out.read_json("summary.json")
 
 
 def resumable(run_dir: str) -> bool:
@@ -282,7 +330,8 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
       so far and an estimate of the time left.
     finished_only: run nothing: a (cell, seed) without a finished run is
       left out of the rows (saying so), e.g. to tabulate a sweep whose
-      runs are still going, or were run elsewhere.
+      runs are still going, or were run elsewhere; ``out`` is only read
+      (its lock is not taken: a copy one may not write is read too).
 
   A finished run of the same configuration is reused (``finished_run``); an
   interrupted one continues from its checkpoint, and a finished one with
@@ -295,7 +344,8 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
     ``final_accuracy``, ``best_accuracy``, ``run_dir``.
   """
   names = names or [cell_name(cell) for cell in cells]
-  with exclusive(out):
+  # Reading finished runs needs no lock: a copy one may not write is read.
+  with contextlib.nullcontext() if finished_only else exclusive(out):
     return _run_cells(base, cells, seeds, out, names, transform,
                       checkpoint_every, log, finished_only)
 
@@ -311,7 +361,8 @@ def _run_cells(base, cells, seeds, out, names, transform, checkpoint_every,
       config = fields.replace(base, seed=seed, **cell)
       run_dir = os.path.join(out, name, f"seed{seed}")
       prefix = f"[{k}/{len(jobs)}] {name} seed {seed}"
-      summary = finished_run(run_dir, config)
+      summary = finished_run(run_dir, config,
+                             log=lambda line, p=prefix: log(f"{p}: {line}"))
       if summary is not None:
         log(f"{prefix}: reusing {run_dir}")
       elif finished_only:
@@ -320,18 +371,25 @@ def _run_cells(base, cells, seeds, out, names, transform, checkpoint_every,
       else:
         resume = resumable(run_dir)  # an interrupted run continues
         done = _finished_rounds(run_dir) if resume else None
+        if done is not None and done >= config.rounds:
+          done = None  # its last checkpoint is damaged: it trains again
         log(f"{prefix}: " + (
             f"extending the finished {done}-round run in {run_dir} to "
             f"{progress.counted(config.rounds, 'round')}" if done is not None
             else
             f"continuing {run_dir}" if resume else f"running in {run_dir}"))
         t0 = time.perf_counter()
-        summary = training.run(
-            config, run_dir, log=lambda text, p=prefix: log("\n".join(
-                f"{p}: {line}" for line in text.splitlines())),
-            resume=resume, overwrite=not resume,
-            checkpoint_every=checkpoint_every,
-            transform_data=transform(config) if transform else None)
+        try:
+          summary = training.run(
+              config, run_dir, log=lambda text, p=prefix: log("\n".join(
+                  f"{p}: {line}" for line in text.splitlines())),
+              resume=resume, overwrite=not resume,
+              checkpoint_every=checkpoint_every,
+              transform_data=transform(config) if transform else None)
+        except checkpoints.CheckpointError as e:
+          if e.way_out is None:  # not "none reads back"
+            raise
+          raise ValueError(f"{e.what}; {_start_again(run_dir)}") from None
         durations.append(time.perf_counter() - t0)
         left = len(jobs) - k
         elapsed = progress.format_duration(time.perf_counter() - start)
@@ -387,6 +445,62 @@ def check_run_control() -> None:
                      f"--seeds; pass --seeds={FLAGS.seed}")
 
 
+def table_key(configs: dict[str, training.RunConfig], seeds: list[int]
+             ) -> dict[str, Any]:
+  """What a table is of: each cell's configuration (named by ``configs``'
+  keys: its own section and the shared fields; not the seed, not where the
+  data are or how the rounds run) and the seeds."""
+  skip = {"seed"} | set(training.resumable_fields(
+      next(iter(configs.values())))) - {"rounds"}
+  cells = {}
+  for name, config in configs.items():
+    unused = training.config.unused_sections(config)
+    flat = curves.flatten({k: v for k, v in fields.to_dict(config).items()
+                           if k not in unused})
+    cells[name] = {k: v for k, v in flat.items() if k not in skip}
+  return {"cells": cells, "seeds": sorted(seeds)}
+
+
+def check_table(directory: str, key: dict[str, Any], replace: bool,
+                tables: tuple[str, ...], record: str, what: str,
+                advice: str) -> None:
+  """Refuses to replace a table in ``directory`` (its files ``tables``)
+  by one of another configuration: the new table (``key``,
+  :func:`table_key`) must hold every (``what``: method or cell, seed) of
+  the old one (its ``record``, written with it), with the same
+  configuration, unless ``replace``.
+
+  Raises:
+    ValueError: one line saying what differs, then ``advice``.
+  """
+  files = [f for f in tables if os.path.exists(os.path.join(directory, f))]
+  if replace or not files:
+    return
+  try:
+    with open(os.path.join(directory, record)) as f:
+      old = json.load(f)
+    old_cells, old_seeds = old["cells"], old["seeds"]
+  except (OSError, ValueError, KeyError, TypeError):
+    raise ValueError(f"{directory}/{files[0]} holds a table whose "
+                     f"configuration is not recorded (no readable {record}); "
+                     f"{advice}") from None
+  differences = [f"seeds {','.join(map(str, old_seeds))} -> "
+                 f"{','.join(map(str, key['seeds']))}"] if not set(
+                     old_seeds) <= set(key["seeds"]) else []
+  for name, cell in old_cells.items():
+    new = key["cells"].get(name)
+    if new is None:
+      differences.append(f"{what} {name} missing")
+    elif new != cell:
+      differences += [f"{name} {k}: {cell.get(k)} -> {new.get(k)}"
+                      for k in sorted(set(cell) | set(new))
+                      if cell.get(k) != new.get(k)][:3]
+  if differences:
+    raise ValueError(f"{directory}/{files[0]} holds a table of another "
+                     f"configuration ({'; '.join(differences[:4])}); "
+                     f"{advice}")
+
+
 def csv_text(rows: list[dict[str, Any]]) -> str:
   """``rows`` as CSV text, one column per key (in order of appearance)."""
   buffer = io.StringIO(newline="")
@@ -397,9 +511,15 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
   return buffer.getvalue()
 
 
-def write_tables(rows: list[dict[str, Any]], out: str, title: str) -> str:
-  """Writes ``results.csv`` and ``results.md`` (mean ± std over seeds per
-  cell) to ``out``; returns the markdown."""
+def write_tables(rows: list[dict[str, Any]], out: str, title: str,
+                 key: dict[str, Any] | None = None) -> str:
+  """Writes ``results.json`` (``key``, what the table is of:
+  :func:`table_key`; first, so that a table stopped between its files is
+  one its rerun writes again), ``results.csv`` and ``results.md`` (mean ±
+  std over seeds per cell) to ``out``; returns the markdown."""
+  if key is not None:
+    outputs.write_text_atomic(os.path.join(out, "results.json"),
+                              json.dumps(key, indent=1, sort_keys=True))
   outputs.write_text_atomic(os.path.join(out, "results.csv"), csv_text(rows))
   lines = [f"{title}: final test-client accuracy (%), mean ± std over seeds",
            "",
@@ -423,18 +543,24 @@ def main(argv):
     base = run_flags.config_from_flags()
     cells = parse_grid(FLAGS.grid)
     seeds = parse_list(FLAGS.seeds, int, "seeds")
+    configs = {}
     for cell in cells:  # every cell's configuration, before any run
       try:
         config = fields.replace(base, **cell)
       except (ValueError, TypeError) as e:  # a section's own check
         raise ValueError(f"--grid cell {cell_name(cell)}: {e}") from None
-      training.validate(config)
+      configs[cell_name(cell)] = training.validate(config)
+    key = table_key(configs, seeds)
     out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
     with exclusive(out):  # its runs, then its tables
+      check_table(out, key, FLAGS.replace_results,
+                  ("results.md", "results.csv"), "results.json", "cell",
+                  "pass --output_dir=DIR to run the new sweep elsewhere, or "
+                  "--replace_results to replace its table (its runs stay)")
       rows = run_cells(base, cells, seeds, out,
                        checkpoint_every=FLAGS.checkpoint_every)
       write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
-                   f"{base.rounds} rounds")
+                   f"{base.rounds} rounds", key)
 
   run_comparison(body)
 
@@ -443,5 +569,8 @@ if __name__ == "__main__":
   define_command_flags("runs/sweep_<algorithm>")
   flags.DEFINE_string("grid", "", "cells: 'name=v1,v2;name2=w1,w2' over "
                       "dotted RunConfig fields (augfl.rho, eval.alpha, ...)")
+  flags.DEFINE_bool("replace_results", False, "replace a table of other "
+                    "cells, seeds or configuration in --output_dir (refused "
+                    "otherwise)")
   define_seeds_flag()
   run_flags.main_runner(main)

@@ -62,7 +62,7 @@ from augfl_jax import algorithms, training
 from augfl_jax.core import fields, intervals
 from augfl_jax.training import outputs
 from experiments import cli as run_flags
-from experiments import curves, scores, sweep
+from experiments import scores, sweep
 
 # Table II's columns, then the two other methods of this library: the
 # default --methods. A method is a registered algorithm (its label from its
@@ -288,60 +288,20 @@ def write_table(runs: list[scores.RunScore], dataset: str,
   return text
 
 
-def _table_key(configs: dict[str, training.RunConfig], seeds: list[int]
-              ) -> dict[str, Any]:
-  """What a table is of: each method's configuration (its own section and
-  the shared fields; not the seed, not where the data are or how the
-  rounds run) and the seeds."""
-  skip = {"seed"} | set(training.resumable_fields(
-      next(iter(configs.values())))) - {"rounds"}
-  cells = {}
-  for method, config in configs.items():
-    unused = training.config.unused_sections(config)
-    flat = curves.flatten({k: v for k, v in fields.to_dict(config).items()
-                           if k not in unused})
-    cells[method] = {k: v for k, v in flat.items() if k not in skip}
-  return {"cells": cells, "seeds": sorted(seeds)}
-
-
 def check_results(directory: str, key: dict[str, Any], replace: bool
                  ) -> None:
   """Refuses to overwrite a table of another configuration in
   ``directory``: the new table must hold every (method, seed) of the old
-  one (``table2.json``), with the same configuration, unless ``replace``.
+  one (``table2.json``), with the same configuration, unless ``replace``
+  (``sweep.check_table``).
 
   Raises:
     ValueError: one line saying what differs and what to do.
   """
-  files = [f for f in ("table2.md", "table2.csv")
-           if os.path.exists(os.path.join(directory, f))]
-  if replace or not files:
-    return
-  advice = (f"pass --results_dir=DIR to write the new table elsewhere, or "
-            f"--replace_results to replace it")
-  try:
-    with open(os.path.join(directory, "table2.json")) as f:
-      old = json.load(f)
-    old_cells, old_seeds = old["cells"], old["seeds"]
-  except (OSError, ValueError, KeyError, TypeError):
-    raise ValueError(f"{directory}/{files[0]} holds a table whose "
-                     "configuration is not recorded (no readable "
-                     f"table2.json); {advice}") from None
-  differences = [f"seeds {','.join(map(str, old_seeds))} -> "
-                 f"{','.join(map(str, key['seeds']))}"] if not set(
-                     old_seeds) <= set(key["seeds"]) else []
-  for method, cell in old_cells.items():
-    new = key["cells"].get(method)
-    if new is None:
-      differences.append(f"method {method} missing")
-    elif new != cell:
-      differences += [f"{method} {k}: {cell.get(k)} -> {new.get(k)}"
-                      for k in sorted(set(cell) | set(new))
-                      if cell.get(k) != new.get(k)][:3]
-  if differences:
-    raise ValueError(f"{directory}/{files[0]} holds a table of another "
-                     f"configuration ({'; '.join(differences[:4])}); "
-                     f"{advice}")
+  sweep.check_table(
+      directory, key, replace, ("table2.md", "table2.csv"), "table2.json",
+      "method", "pass --results_dir=DIR to write the new table elsewhere, "
+      "or --replace_results to replace it")
 
 
 def run_table(base: training.RunConfig, datasets: list[str],
@@ -373,11 +333,14 @@ def run_table(base: training.RunConfig, datasets: list[str],
     The markdown of every dataset's ``table2.md``.
 
   The table holds its output and results directories for its whole life
-  (another table2 or sweep writing there stops at once), and writes each
-  file atomically.
+  (another table2 or sweep writing there stops at once; with
+  ``finished_only``, the results directories alone), and writes each file
+  atomically, ``table2.json`` first. Each run is scored from its newest
+  checkpoint's sealed records, its files checked against them
+  (``scores.load_run_score``).
 
   Raises:
-    ValueError: an unknown or repeated method, dataset or seed, a bad
+    ValueError: no method, dataset or seed, an unknown or repeated one, a bad
       configuration, a run directory holding a run of another
       configuration, a table of another configuration in ``results_dir``,
       or a directory another command is writing (all before any run).
@@ -394,8 +357,10 @@ def run_table(base: training.RunConfig, datasets: list[str],
       base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
              for dataset in datasets}  # every cell's flags, before any run
   with contextlib.ExitStack() as held:
-    for directory in [out] + [_results_dir(results_dir, configs[dataset])
-                              for dataset in datasets]:
+    # --finished_only reads the runs: their directory's lock is not taken
+    # (a copy one may not write is tabulated too).
+    for directory in ([] if finished_only else [out]) + [
+        _results_dir(results_dir, configs[dataset]) for dataset in datasets]:
       held.enter_context(sweep.exclusive(directory))
     return _run_table(base, datasets, methods, seeds, out, configs,
                       checkpoint_every, results_dir, replace_results, log,
@@ -413,7 +378,7 @@ def _run_table(base, datasets, methods, seeds, out, configs,
       raise ValueError("AugFL w/ PM needs --augfl.lam > 0, got "
                        f"{configs[dataset]['augfl'].augfl.lam} (AugFL w/o PM "
                        "is augfl_wo_pm)")
-    keys[dataset] = _table_key(configs[dataset], seeds)
+    keys[dataset] = sweep.table_key(configs[dataset], seeds)
     check_results(_results_dir(results_dir, configs[dataset]),
                   keys[dataset], replace_results)
   texts = []
@@ -437,12 +402,14 @@ def _run_table(base, datasets, methods, seeds, out, configs,
                              len(lacking) > 1 else "")
           + " scored no test-split clients where the table's other runs "
           "did: one table scores every run on the same clients; rerun it")
-    texts.append(write_table(runs, configs[dataset][methods[0]].dataset,
-                             methods, configs[dataset], directory,
-                             _scored_on(rows), seeds))
+    # What the table is of first: a table stopped between its files is
+    # then one its rerun writes again, never one it refuses.
     outputs.write_text_atomic(os.path.join(directory, "table2.json"),
                               json.dumps(keys[dataset], indent=1,
                                          sort_keys=True))
+    texts.append(write_table(runs, configs[dataset][methods[0]].dataset,
+                             methods, configs[dataset], directory,
+                             _scored_on(rows), seeds))
   return "\n".join(texts)
 
 

@@ -21,7 +21,8 @@ FULL = {0: [17, 17, 18, 16, 19], 1: [16, 17, 20, 15, 18]}
 def _runs(tmp_path):
   for name, correct in (("cheap", CHEAP), ("full", FULL)):
     for seed, c in correct.items():
-      _write_run(tmp_path / name / f"seed{seed}", [9, 8, 10, 7], c)
+      _write_run(tmp_path / name / f"seed{seed}", [9, 8, 10, 7], c,
+                 seed=seed)
   return {"cheap": str(tmp_path / "cheap"), "full": str(tmp_path / "full")}
 
 
@@ -90,12 +91,7 @@ def test_the_command_stops_with_one_line_and_exit_2(tmp_path):
 def _one_run(path, seed, correct=CHEAP[0]):
   """A finished run's directory as experiments.run writes it (no seed<s>
   below it), its seed in its config.json."""
-  _write_run(path, [9, 8, 10, 7], correct)
-  config = os.path.join(path, "config.json")
-  if not os.path.exists(config):
-    with open(config, "w") as f:
-      json.dump({"algorithm": "augfl", "dataset": "digits", "seed": seed}, f)
-  return str(path)
+  return _write_run(path, [9, 8, 10, 7], correct, seed=seed)
 
 
 def test_a_run_directory_is_the_run_of_its_seed(tmp_path):
@@ -108,8 +104,6 @@ def test_a_run_directory_is_the_run_of_its_seed(tmp_path):
   assert "| mean of 1 |" in text and f"a = {a}; b = {b}" in text
   assert "| 1 |" in compare.compare({"a": a, "b": b}, [1])
   seeds = _runs(tmp_path / "seeds")  # beside a directory of seeds
-  with open(os.path.join(seeds["full"], "seed1", "config.json"), "w") as f:
-    json.dump({"algorithm": "fedavg", "dataset": "digits", "seed": 1}, f)
   text = compare.compare({"a": a, "full": seeds["full"]})
   assert "| 1 | 88.00 [" in text and f"full = {seeds['full']}/seed<s>" in text
 

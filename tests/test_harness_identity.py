@@ -16,7 +16,9 @@ import pytest
 
 from augfl_jax import training
 from augfl_jax.core import fields
+from augfl_jax.storage import checkpoint
 from experiments import scores, sweep, table2
+from tests import run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = lambda line: None  # noqa: E731
@@ -44,7 +46,9 @@ def _cell(tmp_path, method="fedavg", seed=0):
 
 def test_a_cell_is_reused_by_its_sealed_configuration(tmp_path):
   """An edited config.json does not make a run of another configuration
-  reusable: its checkpoint says what it was trained with."""
+  reusable: its checkpoint says what it was trained with; nor is the run
+  reused with a config.json that is not what it sealed, until a resume
+  writes it again."""
   _table(tmp_path)
   path = os.path.join(_cell(tmp_path), "config.json")
   config = json.load(open(path))
@@ -54,6 +58,12 @@ def test_a_cell_is_reused_by_its_sealed_configuration(tmp_path):
   with pytest.raises(ValueError, match=r"holds a run of another "
                      r"configuration \(fedavg.lr: 0.05 -> 0.5\)"):
     _table(tmp_path, _base(**{"fedavg.lr": 0.5}), replace_results=True)
+  with pytest.raises(ValueError, match=r"config.json is of another "
+                     r"configuration than the checkpoint's \(fedavg.lr: "
+                     r"0.05 -> 0.5\)"):
+    _table(tmp_path)
+  training.run(_base(), _cell(tmp_path), log=QUIET, resume=True)
+  assert json.load(open(path))["fedavg"]["lr"] == 0.05
   _table(tmp_path)  # what it is: reused
 
 
@@ -77,6 +87,21 @@ def test_a_run_that_went_on_after_it_finished_is_not_scored_as_finished(
     scores.load_run_score(run_dir, "fedavg", 0)
 
 
+def _rewrite_records(run_dir, records):
+  """``records`` in the run's metrics.jsonl and in its newest checkpoint,
+  sealed again: an edit by someone who recomputes the seal."""
+  with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in records))
+  step = max(int(n.partition("_")[2]) for n in os.listdir(
+      os.path.join(run_dir, "checkpoints")) if n.startswith("step_"))
+  path = os.path.join(run_dir, "checkpoints", f"step_{step}", "meta",
+                      "metadata")
+  with open(path) as f:
+    meta = json.load(f)
+  with open(path, "w") as f:
+    json.dump(checkpoint.seal({**meta, "records": records}), f)
+
+
 def test_edited_or_torn_scores_are_refused_or_dropped(tmp_path):
   _table(tmp_path)
   run_dir = _cell(tmp_path)
@@ -88,11 +113,19 @@ def test_edited_or_torn_scores_are_refused_or_dropped(tmp_path):
   notes = []
   score = scores.load_run_score(run_dir, "fedavg", 0, notes.append)
   assert score.rounds == 2 and "dropped its last line" in notes[0]
+  # Edited in metrics.jsonl: not what the checkpoint sealed.
+  record = json.loads(lines[-1])
+  record["test_split"]["client_correct"][0] += 1
+  with open(path, "w") as f:
+    f.write("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
+  with pytest.raises(ValueError, match="metrics.jsonl's record of round 2 "
+                     "is not the one the checkpoint sealed"):
+    scores.load_run_score(run_dir, "fedavg", 0)
+  # Edited in both, the seal recomputed: scores no run writes are refused.
   for key, value in (("client_correct", -5), ("client_count", float("nan"))):
     record = json.loads(lines[-1])
     record["test_split"][key] = [value] * len(record["test_split"][key])
-    with open(path, "w") as f:
-      f.write("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
+    _rewrite_records(run_dir, [json.loads(l) for l in lines[:-1]] + [record])
     with pytest.raises(ValueError, match="test-split scores"):
       scores.load_run_score(run_dir, "fedavg", 0)
   for section, key in (("test_split", "client_correct"),
@@ -100,8 +133,7 @@ def test_edited_or_torn_scores_are_refused_or_dropped(tmp_path):
     record = json.loads(lines[-1])
     scored = record[section] if section else record
     scored[key] = scored[key][:-1]  # a list cut short
-    with open(path, "w") as f:
-      f.write("\n".join(lines[:-1] + [json.dumps(record)]) + "\n")
+    _rewrite_records(run_dir, [json.loads(l) for l in lines[:-1]] + [record])
     with pytest.raises(ValueError, match=rf"{path}: the .* scores are not a "
                        r"run's \(\d+ per-client scores for \d+ query sizes"):
       scores.load_run_score(run_dir, "fedavg", 0)
@@ -109,11 +141,10 @@ def test_edited_or_torn_scores_are_refused_or_dropped(tmp_path):
 
 def test_a_table_scores_every_run_on_the_same_clients(tmp_path):
   _table(tmp_path, methods=("fedavg", "augfl_wo_pm"))
-  path = os.path.join(_cell(tmp_path, "augfl_wo_pm"), "metrics.jsonl")
-  records = [json.loads(line) for line in open(path)]
+  run_dir = _cell(tmp_path, "augfl_wo_pm")
+  records = run_files.records(run_dir)
   del records[-1]["test_split"]
-  with open(path, "w") as f:
-    f.write("".join(json.dumps(r) + "\n" for r in records))
+  _rewrite_records(run_dir, records)
   with pytest.raises(ValueError, match="scored no test-split clients where "
                      "the table's other runs did"):
     _table(tmp_path, methods=("fedavg", "augfl_wo_pm"), finished_only=True)
@@ -173,23 +204,12 @@ def test_one_command_writes_a_results_directory_at_a_time(tmp_path):
   once, before it touches a run or a table."""
   results = tmp_path / "results" / "digits"
   results.mkdir(parents=True)
-  holder = subprocess.Popen(
-      [sys.executable, "-c",
-       "import sys, time\n"
-       "from augfl_jax.storage import locks\n"
-       "fd, _ = locks.try_lock(sys.argv[1])\n"
-       "print('held', flush=True)\n"
-       "time.sleep(60)\n", str(results / ".augfl_jax.lock")],
-      cwd=ROOT, stdout=subprocess.PIPE, text=True)
-  try:
-    assert holder.stdout.readline().strip() == "held"
+  with run_files.lock_held_by_another_process(
+      str(results / ".augfl_jax.lock")) as holder:
     with pytest.raises(ValueError, match=rf"{results} is in use by another "
-                       rf"command \(process {holder.pid}\)"):
+                       rf"command \(process {holder}\)"):
       _table(tmp_path)
     assert not os.path.exists(tmp_path / "runs" / "digits")
-  finally:
-    holder.kill()
-    holder.wait()
   _table(tmp_path)  # the lock dies with its holder
 
 

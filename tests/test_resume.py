@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import zlib
 
 import jax
 import numpy as np
@@ -204,8 +205,10 @@ def test_a_run_started_under_vmap_resumes_under_the_defaults(tmp_path):
                str(tmp_path), log=quiet, checkpoint_every=2)
   path = os.path.join(tmp_path, "checkpoints", "step_2", "meta", "metadata")
   meta = json.load(open(path))
-  del meta["config"]["conv_impl"]
-  del meta[checkpoint.SEAL]  # the older version kept no checksum of it
+  del meta["config"]["conv_impl"], meta[checkpoint.SEAL]
+  # That version sealed its metadata with a CRC-32 (still checked).
+  meta[checkpoint.OLD_SEAL] = zlib.crc32(json.dumps(
+      meta, sort_keys=True).encode())
   json.dump(meta, open(path, "w"))
   summary = training.run(_config(algorithm="fedavg", rounds=4, eval_every=2),
                          str(tmp_path), log=quiet, resume=True)

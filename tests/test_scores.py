@@ -8,23 +8,35 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from augfl_jax.training import checkpoints
 from experiments import scores
 
 
 def _write_run(path, heldout_correct, test_correct, counts=(10, 10, 10, 10),
-               test_counts=(20, 20, 20, 20, 20)):
+               test_counts=(20, 20, 20, 20, 20), seed=0, algorithm="augfl"):
+  """A finished 5-round run's files, as a run writes them: its last
+  record in metrics.jsonl, its summary and config.json, and its newest
+  checkpoint, which seals them."""
   os.makedirs(path)
-  record = {"round": 5, "accuracy": 0.0,
+  record = {"round": 5, "accuracy": sum(heldout_correct) / sum(counts),
             "client_accuracy": [c / n for c, n in zip(heldout_correct,
                                                       counts)],
             "client_count": list(counts)}
   if test_correct is not None:
     record["test_split"] = {"client_correct": list(test_correct),
                             "client_count": list(test_counts)}
+  config = {"algorithm": algorithm, "dataset": "digits", "seed": seed}
   with open(os.path.join(path, "metrics.jsonl"), "w") as f:
     f.write(json.dumps(record) + "\n")
   with open(os.path.join(path, "summary.json"), "w") as f:
-    json.dump({"rounds": 5, "best_accuracy": 0.9, "seconds": 3.0}, f)
+    json.dump({"rounds": 5, "final_accuracy": record["accuracy"],
+               "best_accuracy": record["accuracy"], "seconds": 3.0}, f)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+  manager = checkpoints.RunCheckpoints(os.path.join(path, "checkpoints"))
+  manager.save(5, {"w": np.zeros(1)}, {"round": 5, "config": config,
+                                       "records": [record], "changes": []})
+  manager.close()
   return str(path)
 
 
@@ -92,9 +104,12 @@ def test_runs_on_other_clients_are_not_paired(tmp_path):
 
 
 def test_a_run_of_an_older_version_is_named(tmp_path):
-  path = tmp_path / "old"
-  os.makedirs(path)
-  (path / "metrics.jsonl").write_text(json.dumps({"round": 1}) + "\n")
-  (path / "summary.json").write_text("{}")
+  """Its sealed records hold no per-client query sizes."""
+  path = _write_run(tmp_path / "old", [9, 8, 10, 7], None)
+  manager = checkpoints.RunCheckpoints(os.path.join(path, "checkpoints"))
+  meta = manager.read_meta(5)
+  manager.save(6, {"w": np.zeros(1)}, {**meta, "round": 6,
+                                       "records": [{"round": 6}]})
+  manager.close()
   with pytest.raises(ValueError, match="older version"):
-    scores.load_run_score(str(path), "augfl", 0)
+    scores.load_run_score(path, "augfl", 0)

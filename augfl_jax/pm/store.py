@@ -266,9 +266,8 @@ def get_or_pretrain_pm(
       "params": models.init_params(model, jax.random.key(0), input_shape),
       "batch_stats": models.init_batch_stats(model, input_shape)})
   variables, metadata = load_pm(directory, expected, like=like)
-  unverified = ("" if checkpoint.has_checksums(directory) else
-                "; saved without checksums by an older version: not "
-                "verified")
+  note = checkpoint.seal_note(directory)
+  unverified = f"; {note}" if note else ""
   log(f"reusing the PM at {directory} ({model_name}, held-out accuracy "
       f"{_percent(metadata.get('heldout_accuracy'))}, "
       f"{counted(metadata.get('epochs'), 'epoch')}{unverified})")

@@ -31,13 +31,22 @@ its structure, with shapes checked against it and values cast to its dtypes
 (``jax.Array`` leaves where ``like`` has ``jax.Array`` or
 ``ShapeDtypeStruct`` leaves, numpy where it has numpy).
 
-Verified: :func:`save` records a CRC-32 of every array of the tree and a
-CRC-32 of the metadata itself (:func:`seal`); :func:`restore` and
+Verified: :func:`save` records a CRC-32 of every array of the tree in the
+metadata, and seals the metadata (those checksums included) with a SHA-256
+of its canonical JSON (:func:`seal`); :func:`restore` and
 :func:`restore_metadata` check them and raise
 :class:`DamagedCheckpointError` naming the first differing array (a flipped
-bit, an edited value). A checkpoint saved before the checksums were kept
-reads back unchecked (:func:`has_checksums` says which); the returned
-metadata never holds the checksums.
+bit, an edited value) or the metadata. The seal is derived from the content
+alone, with no key: it catches accidental damage and any edit that does not
+also recompute it, but it is no signature (whoever recomputes the SHA-256
+of an edited metadata passes it). A keyed digest would need the same key
+on every machine a run is copied to; a per-machine key would refuse every
+copied run. A checkpoint sealed by an earlier version (a CRC-32 of its
+metadata, :data:`OLD_SEAL`) is checked by that rule (:func:`check_seal`
+says which seal it carries); one saved before the checksums were kept
+reads back unchecked (:func:`has_checksums` says which), while one that
+holds checksums but no seal (the seal removed) is damaged. The returned
+metadata never holds the checksums or the seal.
 
 A run's numbered checkpoints (its state every N rounds, the newest two kept,
 verified on restore) are :mod:`augfl_jax.training.checkpoints`, on orbax's
@@ -46,6 +55,7 @@ verified on restore) are :mod:`augfl_jax.training.checkpoints`, on orbax's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -63,13 +73,16 @@ import orbax.checkpoint as ocp
 __all__ = ["DamagedCheckpointError", "checksums", "exists", "has_checksums",
            "quiet_closed_loop_callbacks", "restore", "restore_metadata",
            "restore_target", "save", "seal", "check_seal", "check_checksums",
-           "damage", "failure_reason"]
+           "damage", "failure_reason", "seal_of", "seal_note"]
 
 _STATE = "state"
 _METADATA = "metadata"
-# Metadata keys of the checks: a CRC-32 per array, and of the metadata.
+# Metadata keys of the checks: a CRC-32 per array, and the metadata's seal
+# (a SHA-256; an earlier version's, a CRC-32).
 CHECKSUMS = "checksums"
-SEAL = "metadata_crc32"
+SEAL = "metadata_sha256"
+OLD_SEAL = "metadata_crc32"
+SEALS = (SEAL, OLD_SEAL)
 
 
 class DamagedCheckpointError(ValueError):
@@ -123,32 +136,53 @@ def check_checksums(tree: Any, saved: Mapping[str, int | list[int]],
         + f" of {where}")
 
 
+def _body(metadata: Mapping[str, Any]) -> bytes:
+  """The canonical JSON of ``metadata`` without its seal."""
+  body = {k: v for k, v in metadata.items() if k not in SEALS}
+  return json.dumps(body, sort_keys=True).encode()
+
+
+def _sha256(metadata: Mapping[str, Any]) -> str:
+  return hashlib.sha256(_body(metadata)).hexdigest()
+
+
 def _crc(metadata: Mapping[str, Any]) -> int:
-  body = {k: v for k, v in metadata.items() if k != SEAL}
-  return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+  """An earlier version's seal: the CRC-32 of the same canonical JSON."""
+  return zlib.crc32(_body(metadata))
 
 
 def seal(metadata: Mapping[str, Any]) -> dict[str, Any]:
-  """``metadata`` as it reads back from JSON, with the CRC-32 of its
-  canonical JSON under :data:`SEAL`.
+  """``metadata`` as it reads back from JSON, with the SHA-256 (hex) of
+  its canonical JSON under :data:`SEAL`.
 
   Raises:
     TypeError: ``metadata`` is not JSON-serialisable.
   """
-  metadata = json.loads(json.dumps(dict(metadata)))
-  return {**metadata, SEAL: _crc(metadata)}
+  metadata = json.loads(json.dumps(
+      {k: v for k, v in metadata.items() if k not in SEALS}))
+  return {**metadata, SEAL: _sha256(metadata)}
 
 
-def check_seal(metadata: Mapping[str, Any], where: str) -> bool:
-  """Whether ``metadata`` is sealed (:func:`seal`); raises
-  :class:`DamagedCheckpointError` when its seal does not match it."""
-  if SEAL not in metadata:
-    return False
-  if metadata[SEAL] != _crc(metadata):
+def seal_of(metadata: Mapping[str, Any]) -> str | None:
+  """The key of the seal ``metadata`` carries (:data:`SEAL`, or an
+  earlier version's :data:`OLD_SEAL`), ``None`` without one."""
+  return next((key for key in SEALS if key in metadata), None)
+
+
+def check_seal(metadata: Mapping[str, Any], where: str) -> str | None:
+  """Checks the seal of ``metadata`` (:func:`seal`; an earlier version's
+  CRC-32 by its own rule) and returns its key (:func:`seal_of`; ``None``:
+  unsealed, which the caller judges); raises
+  :class:`DamagedCheckpointError` when the seal does not match."""
+  key = seal_of(metadata)
+  if key is None:
+    return None
+  if metadata[key] != (_sha256(metadata) if key == SEAL
+                       else _crc(metadata)):
     raise DamagedCheckpointError(
         f"the metadata of {where} does not match its checksum: edited or "
         "corrupted")
-  return True
+  return key
 
 
 def quiet_closed_loop_callbacks() -> None:
@@ -329,8 +363,26 @@ def _read_metadata(path: str) -> dict[str, Any]:
   if not isinstance(metadata, dict):
     raise FileNotFoundError(
         f"No readable checkpoint at {path} (its metadata is not a dict)")
-  check_seal(metadata, f"the checkpoint at {path}")
+  if (check_seal(metadata, f"the checkpoint at {path}") is None
+      and CHECKSUMS in metadata):
+    raise DamagedCheckpointError(
+        f"the metadata of the checkpoint at {path} holds checksums but no "
+        "seal: edited (checksums and seal are saved together)")
   return metadata
+
+
+def seal_note(directory: str | os.PathLike) -> str:
+  """What a log says of the checks of the checkpoint at ``directory`` when
+  they are not this version's: ``""`` for a SHA-256 seal, else which older
+  rule it was checked by, or that it is not verified; raises as
+  :func:`restore_metadata`."""
+  metadata = _read_metadata(_abspath(directory))
+  if seal_of(metadata) == OLD_SEAL:
+    return ("sealed by an older version (a CRC-32 of its metadata, checked "
+            "by that rule)")
+  if CHECKSUMS not in metadata:
+    return "saved without checksums by an older version: not verified"
+  return ""
 
 
 def has_checksums(directory: str | os.PathLike) -> bool:
@@ -350,7 +402,7 @@ def restore_metadata(directory: str | os.PathLike) -> dict[str, Any]:
       its file is cut short or corrupt.
   """
   metadata = _read_metadata(_abspath(directory))
-  return {k: v for k, v in metadata.items() if k not in (CHECKSUMS, SEAL)}
+  return {k: v for k, v in metadata.items() if k not in (CHECKSUMS, *SEALS)}
 
 
 def restore_target(like: Any) -> Any:
@@ -412,7 +464,7 @@ def restore(directory: str | os.PathLike,
   if CHECKSUMS in metadata:
     check_checksums(tree, metadata[CHECKSUMS], f"the checkpoint at {path}")
   return tree, {k: v for k, v in metadata.items()
-                if k not in (CHECKSUMS, SEAL)}
+                if k not in (CHECKSUMS, *SEALS)}
 
 
 def _check_like(path: str, like: Any, tree: Any) -> Any:

@@ -3,14 +3,18 @@
 ``<dir>/step_<round>/`` holds two items: ``state`` (the whole run state: the
 algorithm's server and stacked client state, the regulariser's state, PRNG
 keys) and ``meta`` (JSON: the round, the configuration, the metrics records,
-the training losses not yet reported, the seconds spent, the digest of the
-data, a CRC-32 of every array of ``state`` and one of ``meta`` itself,
+the step sizes changed on resume, the training losses not yet reported, the
+seconds spent, the digest of the data, a CRC-32 of every array of
+``state``, all sealed with a SHA-256 of ``meta`` itself,
 :func:`augfl_jax.storage.checkpoint.seal`). orbax writes each step to a temporary
 directory and renames it into place, saves in the background (the arrays
 are copied to the host before :meth:`RunCheckpoints.save` returns) and
 keeps the newest ``keep`` steps. :meth:`RunCheckpoints.restore` checks the
 CRCs and falls back to the previous step, saying so, when the newest is
-truncated, corrupt or edited, and moves the damaged newer steps aside
+truncated, corrupt, edited or unsealed (a ``meta`` without its seal is
+damaged: removing the seal must not pass an edit; an earlier version's
+CRC-32 seal is checked by its own rule), and moves the damaged newer steps
+aside
 (``step_<n>.damaged``, which orbax ignores), so that the resumed run can
 save those steps again. A step is its sealed ``meta``'s round, not its
 directory's name: a step whose ``meta`` records another round (a directory
@@ -41,7 +45,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from augfl_jax.storage.checkpoint import (DamagedCheckpointError,
+from augfl_jax.storage.checkpoint import (OLD_SEAL, DamagedCheckpointError,
                                           check_checksums, check_seal,
                                           checksums, failure_reason,
                                           quiet_closed_loop_callbacks,
@@ -53,7 +57,18 @@ __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
 
 class CheckpointError(ValueError):
   """No checkpoint of the run can be restored, or one cannot be saved (one
-  line: which, and why)."""
+  line: which, and why; then ``way_out``, what to do, when given).
+
+  Attributes:
+    what: the message without its way out (a command that does not take
+      ``--overwrite`` gives its own).
+    way_out: what to do; ``None`` for a save that failed, whose way out
+      the caller knows (make room, the newest checkpoint).
+  """
+
+  def __init__(self, what: str, way_out: str | None = None):
+    super().__init__(what if way_out is None else f"{what}; {way_out}")
+    self.what, self.way_out = what, way_out
 
 
 # One line for an exception of orbax's, without TensorStore's internals.
@@ -69,6 +84,19 @@ def _check_round(step: int, meta: dict[str, Any]) -> None:
     raise DamagedCheckpointError(
         f"its metadata records round {saved}, not round {step}: the "
         f"directory step_{step} was renamed or copied from another step")
+
+
+def _check_sealed(step: int, meta: Any) -> str | None:
+  """The seal of ``meta`` of ``step``, checked (``check_seal``); an
+  unsealed ``meta`` is damaged (``DamagedCheckpointError``)."""
+  if not isinstance(meta, dict):
+    return None  # refused by its reader: no configuration
+  kind = check_seal(meta, f"step {step}")
+  if kind is None:
+    raise DamagedCheckpointError(
+        "its metadata carries no seal: edited, or saved by a version that "
+        "did not seal it")
+  return kind
 
 
 def _every_process(sums: dict[str, int]) -> dict[str, int | list[int]]:
@@ -164,12 +192,12 @@ class RunCheckpoints:
                             f"failed ({_reason(e)})") from None
 
   def read_meta(self, step: int) -> dict[str, Any]:
-    """A step's ``meta`` item alone (no arrays read), its checksum checked
-    (``DamagedCheckpointError``)."""
+    """A step's ``meta`` item alone (no arrays read), its seal and round
+    checked (``DamagedCheckpointError``: unsealed, edited, or of another
+    round)."""
     meta = self._manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"]
-    if isinstance(meta, dict):
-      check_seal(meta, f"step {step}")
+    if _check_sealed(step, meta) is not None:
       _check_round(step, meta)
     return meta
 
@@ -195,8 +223,8 @@ class RunCheckpoints:
         self._report(step, reason, log)
     raise CheckpointError(
         f"no checkpoint in {self.directory} reads back ("
-        f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
-        "start the run again")
+        f"{'; '.join(problems) or 'there is none'})",
+        "pass --overwrite to start the run again")
 
   def restore(self, like: Any, log: Callable[[str], None]
              ) -> tuple[int, Any, dict[str, Any]]:
@@ -222,10 +250,9 @@ class RunCheckpoints:
             state=ocp.args.StandardRestore(abstract),
             meta=ocp.args.JsonRestore()))
         state, meta = item["state"], item["meta"]
-        if not check_seal(meta, f"step {step}"):
-          log(f"checkpoint {self.path(step)} was saved without a checksum "
-              "of its metadata (an older version): its records are not "
-              "verified")
+        if _check_sealed(step, meta) == OLD_SEAL:
+          log(f"checkpoint {self.path(step)} is sealed by an older version "
+              "(a CRC-32 of its metadata, checked by that rule)")
         _check_round(step, meta)
         check_checksums(state, meta.get("checksums", {}), f"step {step}",
                         processes.index())
@@ -245,8 +272,8 @@ class RunCheckpoints:
       return step, state, meta
     raise CheckpointError(
         f"no checkpoint in {self.directory} reads back whole ("
-        f"{'; '.join(problems) or 'there is none'}); pass --overwrite to "
-        "start the run again")
+        f"{'; '.join(problems) or 'there is none'})",
+        "pass --overwrite to start the run again")
 
   def _report(self, step: int, reason: str,
               log: Callable[[str], None]) -> None:

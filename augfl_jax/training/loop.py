@@ -52,8 +52,7 @@ from augfl_jax.training import (process_group, processes, rounds,
                                 scoring, wiring)
 from augfl_jax.training.checkpoints import RunCheckpoints
 from augfl_jax.training.config import RunConfig, unused_sections
-from augfl_jax.training.outputs import (OutputDir, OutputDirError,
-                                       PeerOutputDir)
+from augfl_jax.training.outputs import OutputDir, PeerOutputDir
 from augfl_jax.training.plan import Plan, prepare
 from augfl_jax.training.rounds import sample_participants
 from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
@@ -83,7 +82,10 @@ def run(config: RunConfig | Plan, output_dir: str,
       end; 0: only at the end, on a signal and before a non-finite stop.
     resume: continue from ``output_dir``'s newest readable checkpoint (its
       configuration may differ only in ``resumable_fields`` and
-      ``resume_changes``; a larger ``rounds`` trains further).
+      ``resume_changes``; a larger ``rounds`` trains further; a finished
+      run's ``config.json``, ``metrics.jsonl``, ``changes.jsonl`` and
+      ``summary.json`` that are not what its checkpoint sealed are written
+      again from it).
     overwrite: replace the run ``output_dir`` holds (only its own files).
     resume_changes: dotted names of step sizes, or AugFL's lam
       (``resume_changes``), that this resumed run may change, e.g.
@@ -228,16 +230,17 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
   resumed_from = resuming.find_start(config, out, checkpoints, resume,
                                      overwrite, resume_changes, log)
   start_round = resumed_from or 0  # a resume may start at round 0
-  if start_round == config.rounds and os.path.exists(
-      out.file("summary.json")):
-    try:
-      summary = out.read_json("summary.json")
+  if resumed_from is not None and start_round == config.rounds:
+    # A finished run: its files are written again from the checkpoint
+    # where they are not what it sealed (torn, or another run's).
+    differ = resuming.differing_files(out, checkpoints.read_meta(start_round))
+    if not differ:
       log(f"the run in {out.path} has done its "
           f"{counted(config.rounds, 'round')}; "
           "pass a larger --rounds to continue it")
-      return summary
-    except OutputDirError:
-      log(f"{out.file('summary.json')} is cut short: it is written again")
+      return out.read_json("summary.json")
+    log(f"{out.path}: {'; '.join(differ)}: written again from "
+        f"{checkpoints.path(start_round)}")
 
   fed, description = loaded or _load(plan, transform_data)
   num_clients = fed.train.num_clients

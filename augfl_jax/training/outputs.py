@@ -12,8 +12,10 @@
   manifest claims) is refused, never cleared. A damaged manifest is named,
   with the command that restores it.
 * **Atomic files.** JSON files are written to a temporary sibling, synced
-  and renamed into place; ``metrics.jsonl`` is rewritten the same way when a
-  run resumes, and read tolerantly (a torn last line is dropped, naming the
+  and renamed into place (:func:`replacing`, which the commands around a
+  run use for their tables and figures too); ``metrics.jsonl`` and
+  ``changes.jsonl`` are rewritten the same way when a run resumes, from its
+  checkpoint, and read tolerantly (a torn last line is dropped, naming the
   file).
 """
 
@@ -31,7 +33,7 @@ from typing import Any, Callable, Iterator
 from augfl_jax.storage import locks
 
 __all__ = ["OWN_FILES", "OutputDir", "OutputDirError", "PeerOutputDir",
-           "write_json_atomic"]
+           "replacing", "write_json_atomic", "write_text_atomic"]
 
 # What a run writes (``tb/``: TensorBoard events).
 OWN_FILES = ("config.json", "partition.txt", "metrics.jsonl", "summary.json",
@@ -43,6 +45,11 @@ LOCK = ".augfl_jax.lock"
 BESIDE_RUN = ("personal.json",)
 # Prefixes of this module's temporary files (a crash may leave one).
 TEMPORARY = (".tmp-", ".probe-")
+# The remedy for a run's file that is torn or not the run's own: a resumed
+# run writes config.json, metrics.jsonl, changes.jsonl and summary.json
+# again from its newest checkpoint.
+REWRITE = ("run the run's command again with --resume, which writes it "
+           "again from the run's newest checkpoint")
 
 
 class OutputDirError(ValueError):
@@ -58,24 +65,41 @@ def _fsync_dir(path: str) -> None:
     os.close(fd)
 
 
-def write_text_atomic(path: str, text: str) -> None:
-  """Writes ``text`` to ``path`` through a synced temporary sibling and a
-  rename: readers see the old file or the new one, never a torn one."""
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[str]:
+  """Yields the name of a new temporary sibling of ``path`` to write
+  (:data:`TEMPORARY`'s ``.tmp-`` prefix, ``path``'s suffix kept); when the
+  block ends, the file is synced and renamed onto ``path``: readers see the
+  old file or the new one, never a torn one. An error in the block or in
+  the rename removes the temporary file and leaves ``path`` as it was; an
+  ``OSError`` is raised again naming ``path`` (not the temporary)."""
   directory = os.path.dirname(os.path.abspath(path))
   tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                      f"-{os.path.basename(path)}")
-  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
   try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
+    yield tmp
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+      os.fsync(fd)
+    finally:
+      os.close(fd)
     os.replace(tmp, path)
     _fsync_dir(directory)
-  except BaseException:
+  except BaseException as e:
     with contextlib.suppress(OSError):
       os.remove(tmp)
+    if isinstance(e, OSError) and e.errno is not None:
+      raise OSError(e.errno, e.strerror or str(e), path) from None
     raise
+
+
+def write_text_atomic(path: str, text: str) -> None:
+  """Writes ``text`` to ``path`` through a synced temporary sibling and a
+  rename (:func:`replacing`): readers see the old file or the new one,
+  never a torn one."""
+  with replacing(path) as tmp:
+    with open(tmp, "x") as f:
+      f.write(text)
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -215,7 +239,7 @@ class OutputDir:
     except ValueError as e:
       raise OutputDirError(
           f"{path} is not readable JSON ({e}); it was cut short (a full "
-          "disk?): pass --overwrite to start the run again") from None
+          f"disk?): {REWRITE}") from None
 
   def read_records(self, name: str, log: Callable[[str], None], *,
                    tolerant: bool = False) -> list[dict[str, Any]]:
@@ -243,8 +267,7 @@ class OutputDir:
           log(f"{path}: dropped line {i + 1}, which is not JSON")
         else:
           raise OutputDirError(f"{path}: line {i + 1} is not JSON; the file "
-                               "is damaged: pass --overwrite to start the "
-                               "run again") from None
+                               f"is damaged: {REWRITE}") from None
     return records
 
   def write_records(self, name: str, records: list[dict[str, Any]]) -> None:

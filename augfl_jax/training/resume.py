@@ -2,6 +2,7 @@
 ``run``'s arguments, where it starts (a fresh run or the checkpoint to
 resume from: :func:`find_start`), the checkpoint's configuration and data against the resumed one's,
 the step sizes a resume changes (``changes.jsonl``), the restored state,
+the run's files against what its checkpoint sealed (:func:`differing_files`)
 and the one-line error for a file of the run that could not be written.
 """
 
@@ -9,21 +10,23 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from augfl_jax import data
 from augfl_jax.core import fields, tree
+from augfl_jax.core.progress import counted
 from augfl_jax.training import processes
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
-from augfl_jax.training.config import RunConfig, pm_role, resumable_fields
+from augfl_jax.training.config import RunConfig, config_class, pm_role
+from augfl_jax.training.config import resumable_fields
 from augfl_jax.training.config import resume_changes as resume_changes_of
 from augfl_jax.training.config import unused_sections
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 
 __all__ = [
     "changed", "check_data", "check_resume_config", "check_run_control",
-    "data_digest", "find_start", "record_changes", "restore", "Resumed",
-    "saved_config", "write_error"
+    "data_digest", "differing_files", "find_start", "record_changes",
+    "restore", "Resumed", "saved_config", "write_error"
 ]
 
 
@@ -232,6 +235,8 @@ class Resumed(NamedTuple):
   train_losses: list[float]  # the training losses since the last evaluation
   seconds: float  # the run's time until the checkpoint
   changes: dict[str, list[Any]]  # the step sizes changed (``changed``)
+  # the changes.jsonl records up to ``round`` (earlier resumes' changes)
+  change_records: list[dict[str, Any]]
 
 
 def restore(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
@@ -248,21 +253,142 @@ def restore(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
   # metrics.jsonl does).
   history = meta["records"] if "records" in meta else [
       r for r in on_disk if r.get("round", start_round + 1) <= start_round]
+  # The checkpoint holds the changes recorded up to its round (older ones:
+  # only changes.jsonl does).
+  change_records = (meta["changes"] if "changes" in meta else
+                    out.read_records("changes.jsonl", log, tolerant=True))
   return Resumed(start_round, state, history,
                  list(meta["pending_train_losses"]), meta["seconds"],
-                 changed(saved, config, resume_changes))
+                 changed(saved, config, resume_changes), change_records)
 
 
 def record_changes(out: OutputDir, start_round: int,
-                   changes: dict[str, list[Any]], log) -> None:
-  """Logs the step sizes a resume changed and appends them to
-  ``changes.jsonl`` (nothing when ``changes`` is empty)."""
-  if not changes:
-    return
-  text = ", ".join(f"{n} {a} -> {b}" for n, (a, b) in changes.items())
-  log(f"changed on resume from round {start_round} (--resume_changes): "
-      f"{text}; recorded in {out.file('changes.jsonl')}")
-  out.write_records("changes.jsonl", out.read_records(
-      "changes.jsonl", log, tolerant=True) + [{
-          "round": start_round, "changes": changes,
-          "time": datetime.datetime.now().isoformat(timespec="seconds")}])
+                   changes: dict[str, list[Any]],
+                   records: list[dict[str, Any]], log
+                  ) -> list[dict[str, Any]]:
+  """Logs the step sizes a resume changed (``changes``) and writes
+  ``changes.jsonl`` again: ``records`` (the changes its checkpoint
+  recorded), then this one; returns what it holds (nothing is written
+  when both are empty and there is no such file)."""
+  if changes:
+    text = ", ".join(f"{n} {a} -> {b}" for n, (a, b) in changes.items())
+    log(f"changed on resume from round {start_round} (--resume_changes): "
+        f"{text}; recorded in {out.file('changes.jsonl')}")
+    records = list(records) + [{
+        "round": start_round, "changes": changes,
+        "time": datetime.datetime.now().isoformat(timespec="seconds")}]
+  if records or os.path.exists(out.file("changes.jsonl")):
+    out.write_records("changes.jsonl", records)
+  return records
+
+
+def differing_files(out: OutputDir, meta: dict[str, Any],
+                    log: Callable[[str], None] | None = None) -> list[str]:
+  """What in the files of the run in ``out`` differs from what its
+  checkpoint sealed (``meta``, the newest step's), one phrase per file
+  naming it (empty: they agree): ``metrics.jsonl`` (missing, a line that
+  is not JSON, or records other than the sealed ones), ``changes.jsonl``
+  (where the checkpoint records the changes), ``summary.json`` (missing,
+  torn, or of another round, accuracy or run than the sealed records and
+  configuration) and ``config.json`` (missing, torn, or another
+  configuration, outside the fields a resume may change). A resumed run
+  writes each of them again from the checkpoint.
+
+  Args:
+    out: the run's directory.
+    meta: its newest checkpoint's metadata, its seal checked.
+    log: given, a torn last line of a ``.jsonl`` file (a run stopped while
+      it wrote a record past the checkpoint) is dropped, telling ``log``,
+      as a run's own reader does; ``None``: it is a difference.
+  """
+  problems = []
+  if isinstance(meta.get("records"), list):
+    problems += _jsonl_differs(out, "metrics.jsonl", meta["records"], log)
+  if isinstance(meta.get("changes"), list):
+    problems += _jsonl_differs(out, "changes.jsonl", meta["changes"], log)
+  problems += _summary_differs(out, meta)
+  problems += _config_differs(out, meta)
+  return problems
+
+
+def _jsonl_differs(out: OutputDir, name: str, sealed: list[dict[str, Any]],
+                   log: Callable[[str], None] | None) -> list[str]:
+  """:func:`differing_files`' phrase for the ``.jsonl`` file ``name``."""
+  if not os.path.exists(out.file(name)):
+    return [f"{name} is missing"] if sealed else []
+  torn = []
+  try:
+    found = out.read_records(name, torn.append)
+  except OutputDirError:
+    return [f"{name} holds a line that is not JSON before its last one"]
+  except OSError as e:
+    return [f"{name} cannot be read ({e.strerror or e})"]
+  if torn and log is None:
+    return [f"{name}'s last line is cut short (a crash while it was "
+            "written)"]
+  for line in torn:
+    log(line)
+  if found == sealed:
+    return []
+  if len(found) != len(sealed):
+    return [f"{name} holds {counted(len(found), 'record')} where the "
+            f"checkpoint sealed {len(sealed)}"]
+  first = next(b for a, b in zip(found, sealed) if a != b)
+  return [f"{name}'s record of round {first.get('round')} is not the one "
+          "the checkpoint sealed"]
+
+
+def _read_own_json(out: OutputDir, name: str) -> tuple[Any, list[str]]:
+  """``(content, [])`` of the JSON file ``name``, or ``(None, [why
+  not])``."""
+  if not os.path.exists(out.file(name)):
+    return None, [f"{name} is missing"]
+  try:
+    return out.read_json(name), []
+  except OutputDirError:
+    return None, [f"{name} is not readable JSON (cut short by a crash or a "
+                  "full disk)"]
+  except OSError as e:
+    return None, [f"{name} cannot be read ({e.strerror or e})"]
+
+
+def _summary_differs(out: OutputDir, meta: dict[str, Any]) -> list[str]:
+  """:func:`differing_files`' phrase for ``summary.json``."""
+  summary, problems = _read_own_json(out, "summary.json")
+  if problems:
+    return problems
+  if not isinstance(summary, dict):
+    return ["summary.json is not a run's summary"]
+  records = meta.get("records") or []
+  config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+  expected = {"rounds": meta.get("round")}
+  if records:
+    expected["final_accuracy"] = records[-1].get("accuracy")
+    expected["best_accuracy"] = max(r.get("accuracy", -1) for r in records)
+  expected.update({k: config[k] for k in ("dataset", "algorithm", "model",
+                                          "seed")
+                   if k in config and k in summary})
+  for key, value in expected.items():
+    if summary.get(key) != value:
+      return [f"summary.json's {key} is {summary.get(key)!r} where the "
+              f"checkpoint's is {value!r}"]
+  return []
+
+
+def _config_differs(out: OutputDir, meta: dict[str, Any]) -> list[str]:
+  """:func:`differing_files`' phrase for ``config.json``."""
+  recorded, problems = _read_own_json(out, "config.json")
+  if problems:
+    return problems
+  try:
+    cls = config_class()
+    saved = fields.from_dict(cls, meta["config"])
+    written = fields.from_dict(cls, recorded)
+  except (ValueError, TypeError, KeyError, AttributeError):
+    return ["config.json does not read as the configuration of a run"]
+  diff = fields.diff(saved, written, resumable_fields(saved) +
+                     unused_sections(saved))
+  if diff:
+    return [f"config.json is of another configuration than the "
+            f"checkpoint's ({'; '.join(diff[:3])})"]
+  return []

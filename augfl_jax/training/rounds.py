@@ -136,6 +136,7 @@ class RoundLoop:
     self.num_clients = clients.num_examples.shape[0]
     self.done = 0  # the last round completed
     self.history: list[dict[str, Any]] = []
+    self.change_records: list[dict[str, Any]] = []  # changes.jsonl
     self.train_losses: list[float] = []
     self.offset, self.start, self.saved_round = 0.0, 0.0, None
     self.events = None
@@ -173,7 +174,9 @@ class RoundLoop:
       self.checkpoints.reload()  # --overwrite removed the old steps
       out.claim()
     self.done = start_round
-    resuming.record_changes(out, start_round, changes, self.log)
+    self.change_records = resuming.record_changes(
+        out, start_round, changes,
+        resumed.change_records if resumed is not None else [], self.log)
     # What runs now (a resumed run may differ in resumable_fields: rounds,
     # strategy, the data's directory, ... and in the changes above).
     out.write_json("config.json", loop.record)
@@ -259,7 +262,7 @@ class RoundLoop:
     return self.checkpoints.save(round_, state, {
         "round": round_, "config": self.loop.record,
         "pending_train_losses": self.train_losses, "records": self.history,
-        "data_digest": self.digest,
+        "changes": self.change_records, "data_digest": self.digest,
         "seconds": self.offset + time.perf_counter() - self.start})
 
   def _saved(self, round_: int, state: Any) -> str:
@@ -350,9 +353,8 @@ class RoundLoop:
                 (session - first_round_seconds) / (rounds_done - 1)
                 if rounds_done > 1 else session),
             "resumed_from_round": start_round})
-    if os.path.exists(out.file("changes.jsonl")):
-      summary["resume_changes"] = out.read_records("changes.jsonl",
-                                                   self.log, tolerant=True)
+    if self.change_records:
+      summary["resume_changes"] = self.change_records
     out.write_json("summary.json", summary)
     final = self.history[-1]
     self.log(f"final test-client accuracy {scoring.format_record(final)} "
