@@ -140,10 +140,25 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
   training.run(config, out, log=QUIET, checkpoint_every=1)
   assert run_files.steps(out) == [1, 2]
   before = open(os.path.join(out, "metrics.jsonl")).read()
+  summary = json.load(open(os.path.join(out, "summary.json")))
   with nothing_compiled():
+    # The same run again, finished: its summary, and where it is.
+    lines = []
+    assert training.run(config, out, log=lines.append) == summary
+    assert lines == [
+        f"the run in {out} has done its 2 rounds: nothing to train; its "
+        f"summary is {out}/summary.json (a larger --rounds with --resume "
+        "continues it, --overwrite starts it again)"]
+    # Without its summary it is not finished: it is resumed, not rerun.
+    os.rename(os.path.join(out, "summary.json"), str(tmp_path / "kept"))
     with pytest.raises(ValueError, match="already holds this run") as e:
       training.run(config, out, log=QUIET)
     assert "--resume" in str(e.value) and "--overwrite" in str(e.value)
+    os.rename(str(tmp_path / "kept"), os.path.join(out, "summary.json"))
+    # Another number of rounds is another run.
+    with pytest.raises(ValueError, match="holds a different run "
+                       r"\(rounds: 2 -> 3\)"):
+      training.run(fields.replace(config, rounds=3), out, log=QUIET)
     with pytest.raises(ValueError, match="holds a different run") as e:
       training.run(fields.replace(config, seed=1, **{"augfl.alpha": 0.1}),
                    out, log=QUIET)

@@ -161,8 +161,10 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
     try:
       summary = out.read_json("summary.json")
       log(f"the run in {out.path} has done its "
-          f"{counted(config.rounds, 'round')}; "
-          "pass a larger --rounds to continue it")
+          f"{counted(config.rounds, 'round')}: nothing to train; its "
+          f"summary is {out.file('summary.json')} (a larger --rounds "
+          + ("continues it" if resume else "with --resume continues it, "
+             "--overwrite starts it again") + ")")
       return summary
     except OutputDirError:
       log(f"{out.file('summary.json')} is cut short: it is written again")

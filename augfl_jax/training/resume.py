@@ -22,7 +22,7 @@ from augfl_jax.training.outputs import OutputDir, OutputDirError
 
 __all__ = [
     "changed", "check_data", "check_resume_config", "check_run_control",
-    "data_digest", "find_start", "record_changes", "restore", "Resumed",
+    "data_digest", "find_start", "finished", "record_changes", "restore", "Resumed",
     "saved_config", "write_error"
 ]
 
@@ -120,11 +120,27 @@ def saved_config(out: OutputDir, checkpoints: RunCheckpoints, log,
   return None
 
 
+def finished(out: OutputDir) -> bool:
+  """Whether ``out`` holds a ``summary.json`` that reads whole: what the
+  run writes once its last round is done."""
+  if not os.path.exists(out.file("summary.json")):
+    return False
+  try:
+    out.read_json("summary.json")
+  except OutputDirError:
+    return False
+  return True
+
+
 def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
                resume: bool, overwrite: bool,
                resume_changes: Sequence[str], log) -> int | None:
   """The checkpoint step to resume from (``None``: a fresh run), after
-  checking the directory against the run. Raises ``ValueError``."""
+  checking the directory against the run: without ``resume``, a directory
+  that holds this very run (the same configuration, but for the sections
+  it does not read), finished, gives its last step, ``config.rounds``
+  (``run`` then reports its summary and trains nothing). Raises
+  ``ValueError``."""
   foreign = out.foreign()
   if foreign:
     raise OutputDirError(
@@ -161,6 +177,8 @@ def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
           f"{out.path} holds a different run ({'; '.join(diff)}); pass "
           "--overwrite to replace it or choose another --output_dir")
   if steps:
+    if steps[-1] == config.rounds and finished(out):
+      return steps[-1]  # the same run, done: run() reports its summary
     raise OutputDirError(
         f"{out.path} already holds this run; pass --resume to continue it "
         "from its latest checkpoint or --overwrite to start again")
