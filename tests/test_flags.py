@@ -228,3 +228,34 @@ def test_what_a_run_does_not_read_does_not_change_it(tmp_path):
       training.unread_sections(training.validate(training.RunConfig(
           algorithm="fedavg")))) - {"fedproto", "fedpcl", "fedcp", "fedit"}
   assert metrics("base") == metrics("changed", **changed)
+
+
+@pytest.mark.parametrize("args,flag,meant", [
+    (["--algorithm=FedAvg"], "algorithm", "fedavg"),
+    (["--algorithm=per-fedavg"], "algorithm", "per_fedavg"),
+    (["--algorithm=fedavgg"], "algorithm", "fedavg"),
+    (["--dataset=fashion-mnist"], "dataset", "fashion_mnist"),
+    (["--dataset=Fashion_MNIST"], "dataset", "fashion_mnist"),
+    (["--model=CNN"], "model", "cnn"),
+    (["--pm.model=resnet8X4"], "pm.model", "resnet8x4"),
+    (["--algorithm=sgd"], "algorithm", None),
+    (["--dataset=imagenet"], "dataset", None),
+])
+def test_an_unknown_name_gets_its_near_miss_and_imports(run_flag_values,
+                                                        args, flag, meant):
+  run_flag_values.unparse_flags()
+  run_flag_values(["prog", *args])
+  with pytest.raises(ValueError) as e:
+    run_flags.config_from_flags(run_flag_values)
+  message = str(e.value)
+  name = args[0].partition("=")[2]
+  assert message.startswith(f"--{flag}: unknown ")
+  assert f"{name!r}" in message and "\n" not in message
+  assert ((f"did you mean {meant}?" in message) if meant
+          else "did you mean" not in message), message
+  assert "--imports=my_module" in message
+  assert "--imports=path/to/my_module.py" in message
+  run_flag_values.unparse_flags()
+  run_flag_values(["prog", f"--{flag}={meant or 'mlp'}"] if flag.endswith(
+      "model") or meant else ["prog"])
+  run_flags.config_from_flags(run_flag_values)  # the right name is taken
