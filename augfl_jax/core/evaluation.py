@@ -111,16 +111,6 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
   return jax.jit(evaluate)
 
 
-def _describe(value: Any) -> str:
-  """``float32[]``, ``int32[16]``, ``a tuple of 3 (float32[], ...)``."""
-  if isinstance(value, (tuple, list)):
-    kind = "a tuple" if isinstance(value, tuple) else "a list"
-    return f"{kind} of {len(value)} ({', '.join(map(_describe, value))})"
-  if hasattr(value, "shape") and hasattr(value, "dtype"):
-    return f"{value.dtype}[{','.join(str(d) for d in value.shape)}]"
-  return type(value).__name__
-
-
 def check_eval_fn(eval_fn: EvalFn, params: Params, batch: Batch) -> None:
   """Raises ``ValueError`` saying what is expected unless ``eval_fn(params,
   batch)`` returns two numeric scalars, ``(mean loss, number correct)``
@@ -130,6 +120,8 @@ def check_eval_fn(eval_fn: EvalFn, params: Params, batch: Batch) -> None:
               "correct), two scalars")
   try:
     out = jax.eval_shape(eval_fn, params, batch)
+  except checks.ModelContractError:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
     raise ValueError(
@@ -140,7 +132,7 @@ def check_eval_fn(eval_fn: EvalFn, params: Params, batch: Batch) -> None:
                 jnp.issubdtype(v.dtype, jnp.number) for v in out))
   if not ok:
     raise ValueError(f"{expected}; on a held-out client's query set it "
-                     f"returned {_describe(out)}")
+                     f"returned {checks.describe_value(out)}")
 
 
 def summarise(loss: jax.Array | None, correct: jax.Array, count: jax.Array,
