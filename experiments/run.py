@@ -132,7 +132,7 @@ def _main():
         plan, FLAGS.output_dir or run_flags.default_output_dir(plan.config),
         log=_log, checkpoint_every=FLAGS.checkpoint_every,
         resume=FLAGS.resume, overwrite=FLAGS.overwrite,
-        resume_changes=FLAGS.resume_changes)
+        resume_changes=FLAGS.resume_changes, live=sys.stdout.isatty())
 
   try:
     with training.StopSignals() as stop:  # a signal before the run's own

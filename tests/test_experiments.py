@@ -144,6 +144,14 @@ def test_cli_prints_progress_and_accuracy(tmp_path):
   assert result.stderr.splitlines() == [
       "warning: ignored, as the run does not read them: --pm.epochs (the "
       "run has no PM)"]
+  # The same command again: the run is done, and says where its summary is.
+  again = _run_cli("--rounds=2", "--eval_every=1", "--augfl.lam=0",
+                   "--pm.epochs=3", f"--output_dir={tmp_path}")
+  assert again.returncode == 0, again.stderr
+  assert again.stdout.strip().splitlines()[-1] == (
+      f"the run in {tmp_path} has done its 2 rounds: nothing to train; its "
+      f"summary is {tmp_path}/summary.json (a larger --rounds with --resume "
+      "continues it, --overwrite starts it again)")
 
 
 def _run_cli_inspected(*args, env=None):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -55,7 +56,7 @@ from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
                                        StopSignals)
 
 __all__ = ["run", "CHECKPOINT_EVERY", "NonFiniteError", "RunInterrupted",
-           "sample_participants"]
+           "sample_participants", "shows_live_line"]
 
 CHECKPOINT_EVERY = 50
 
@@ -66,14 +67,15 @@ def run(config: RunConfig | Plan, output_dir: str,
         overwrite: bool = False, resume_changes: Sequence[str] = (),
         transform_data: Callable[[data.FederatedData], data.FederatedData
                                  | tuple[data.FederatedData, str]]
-        | None = None) -> dict[str, Any]:
+        | None = None, live: bool | None = None) -> dict[str, Any]:
   """Trains ``config.algorithm`` and scores it on the held-out clients.
 
   Args:
     config: the run's configuration (resolved and checked here: its
       :class:`Plan`), or the plan ``training.prepare`` made of it.
     output_dir: where the run's files go (module docstring).
-    log: receives progress lines.
+    log: receives the progress lines (each at most 100 columns during the
+      rounds; every evaluation in full is in ``metrics.jsonl``).
     checkpoint_every: save the run state every this many rounds and at the
       end; 0: only at the end, on a signal and before a non-finite stop.
     resume: continue from ``output_dir``'s newest readable checkpoint (its
@@ -87,6 +89,12 @@ def run(config: RunConfig | Plan, output_dir: str,
     transform_data: applied to the federated data before training (tests
       put a NaN into a client; ``experiments.ood`` swaps in rotated
       domains); returns the data, or ``(data, description)``.
+    live: a live line of the rounds at the bottom of the terminal
+      (``core.progress.LiveLine``), above which ``log``'s lines scroll,
+      which then gets the evaluations' lines only (not one every 10 s).
+      ``None``: shown where ``log`` is ``print`` (the default) and
+      standard output is a terminal (:func:`shows_live_line`); a ``log``
+      of one's own gets its lines as before.
 
   Returns:
     The summary, also written to ``summary.json``.
@@ -116,15 +124,25 @@ def run(config: RunConfig | Plan, output_dir: str,
     plan = dataclasses.replace(
         plan, strategy=processes.run_strategy(plan.strategy))
     if not processes.is_writer():
-      log = lambda line: None
+      log, live = (lambda line: None), False
     log(f"client axis: {processes.describe(plan.strategy)}")
+  live = shows_live_line(log, live)
   out = (OutputDir if processes.is_writer() else PeerOutputDir)(output_dir)
   created = not os.path.exists(output_dir)
   out.check_writable()
   with out.lock(remove_if_unused=created), StopSignals() as stop:
     processes.sync("the run directory is locked")
     return _run_locked(plan, out, log, checkpoint_every, resume,
-                       overwrite, resume_changes, transform_data, stop)
+                       overwrite, resume_changes, transform_data, stop, live)
+
+
+def shows_live_line(log: Callable[[str], None], live: bool | None) -> bool:
+  """``live``, or for ``None`` whether ``log`` is ``print`` and standard
+  output is a terminal (not a log file, a pipe or a notebook)."""
+  if live is not None:
+    return live
+  isatty = getattr(sys.stdout, "isatty", None)
+  return log is print and bool(isatty and isatty())
 
 
 def _pretrains_pm(plan: Plan) -> bool:
@@ -134,12 +152,13 @@ def _pretrains_pm(plan: Plan) -> bool:
 
 
 def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
-                resume_changes, transform_data, stop) -> dict[str, Any]:
+                resume_changes, transform_data, stop, live) -> dict[str, Any]:
   checkpoints = RunCheckpoints(out.file("checkpoints"))
   try:
     checkpoints.remove_unfinished_saves()  # this run holds the lock
     summary = _train(plan, out, checkpoints, log, checkpoint_every,
-                     resume, overwrite, resume_changes, transform_data, stop)
+                     resume, overwrite, resume_changes, transform_data, stop,
+                     live)
   except BaseException:
     # A save in flight completes even when an exception stops the run; its
     # own failure, if any, is not reported over the one propagating.
@@ -150,7 +169,7 @@ def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
 
 
 def _train(plan, out, checkpoints, log, checkpoint_every, resume,
-           overwrite, resume_changes, transform_data, stop
+           overwrite, resume_changes, transform_data, stop, live
           ) -> dict[str, Any]:
   config = plan.config
   resumed_from = resuming.find_start(config, out, checkpoints, resume,
@@ -221,4 +240,4 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
       algo, train, scoring.Scorers.of(algo.evaluate, fed),
       lambda r: sample_participants(config.seed, r, num_clients,
                                     config.clients_per_round),
-      log, stop, description, digest).run(state, resumed, start_round)
+      log, stop, description, digest, live).run(state, resumed, start_round)
