@@ -3,7 +3,9 @@
 ``run(config, output_dir)`` trains ``config.algorithm``, scores the held-out
 clients every ``config.eval_every`` rounds and writes to ``output_dir``:
 
-* ``config.json``: the resolved configuration (every default filled in);
+* ``config.json``: the resolved configuration (every default filled in),
+  with ``read_sections``, the sections the run reads
+  (``config.to_config_json``);
 * ``partition.txt``: the files read, the partition, the server split;
 * ``metrics.jsonl``: one JSON object per evaluation (round, mean training
   loss since the last one, test-client accuracy mean/std across clients and
@@ -236,8 +238,8 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
   resumed = None if resumed_from is None else resuming.restore(
       config, out, checkpoints, state, resume_changes, log)
   return rounds.RoundLoop(
-      rounds.LoopConfig.of(config, checkpoint_every), out, checkpoints,
-      algo, train, scoring.Scorers.of(algo.evaluate, fed),
+      rounds.LoopConfig.of(config, checkpoint_every, plan.unread), out,
+      checkpoints, algo, train, scoring.Scorers.of(algo.evaluate, fed),
       lambda r: sample_participants(config.seed, r, num_clients,
                                     config.clients_per_round),
       log, stop, description, digest, live).run(state, resumed, start_round)

@@ -15,7 +15,8 @@ from augfl_jax import data
 from augfl_jax.core import fields, tree
 from augfl_jax.training import processes
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
-from augfl_jax.training.config import RunConfig, pm_role, resumable_fields
+from augfl_jax.training.config import (RunConfig, from_config_json,
+                                       pm_role, resumable_fields)
 from augfl_jax.training.config import resume_changes as resume_changes_of
 from augfl_jax.training.config import unused_sections
 from augfl_jax.training.outputs import OutputDir, OutputDirError
@@ -106,7 +107,7 @@ def saved_config(out: OutputDir, checkpoints: RunCheckpoints, log,
   path = out.file("config.json")
   if os.path.exists(path):
     try:
-      return fields.from_dict(cls, out.read_json("config.json"))
+      return from_config_json(cls, out.read_json("config.json"))
     except OutputDirError:
       log(f"{path} is empty or cut short (a crash or a full disk while it "
           "was written); " + ("using the configuration saved with the "

@@ -35,7 +35,8 @@ from augfl_jax.training import processes
 from augfl_jax.training import resume as resuming
 from augfl_jax.training import scoring
 from augfl_jax.training.checkpoints import CheckpointError
-from augfl_jax.training.config import RunConfig, fields_to_lower
+from augfl_jax.training.config import (RunConfig, fields_to_lower,
+                                       to_config_json)
 from augfl_jax.training.events import EventWriter
 from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
                                        describe, guard_round)
@@ -83,8 +84,9 @@ class LoopConfig:
     checkpoint_every: save the state every this many rounds (0: at the
       end, on a stop and before a non-finite stop only).
     lower: the fields a non-finite round advises to lower.
-    record: the configuration as ``config.json`` (and every checkpoint)
-      records it.
+    record: the configuration as every checkpoint records it.
+    config_json: ``config.json``: ``record`` and the sections the run
+      reads (``config.to_config_json``).
     head: the first fields of ``summary.json`` (dataset, algorithm, ...).
   """
 
@@ -94,14 +96,19 @@ class LoopConfig:
   checkpoint_every: int
   lower: tuple[str, ...]
   record: dict[str, Any]
+  config_json: dict[str, Any]
   head: dict[str, Any]
 
   @classmethod
-  def of(cls, config: RunConfig, checkpoint_every: int) -> LoopConfig:
+  def of(cls, config: RunConfig, checkpoint_every: int,
+         unread: tuple[str, ...] | None = None) -> LoopConfig:
+    """The loop's config of a run of ``config`` whose sections ``unread``
+    it never reads (``Plan.unread``; default: ``unread_sections``)."""
     return cls(rounds=config.rounds, eval_every=config.eval_every,
                test_split_every=config.eval.test_split_every,
                checkpoint_every=checkpoint_every,
                lower=fields_to_lower(config), record=fields.to_dict(config),
+               config_json=to_config_json(config, unread),
                head={"dataset": config.dataset,
                      "algorithm": config.algorithm, "model": config.model,
                      "seed": config.seed, "rounds": config.rounds})
@@ -188,7 +195,7 @@ class RoundLoop:
     resuming.record_changes(out, start_round, changes, self.log)
     # What runs now (a resumed run may differ in resumable_fields: rounds,
     # strategy, the data's directory, ... and in the changes above).
-    out.write_json("config.json", loop.record)
+    out.write_json("config.json", loop.config_json)
     out.write_text("partition.txt", self.description + "\n")
     out.write_records("metrics.jsonl", self.history)  # none past the save
     step = guard_round(self.algo.round, self.num_clients,
