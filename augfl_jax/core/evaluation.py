@@ -76,6 +76,8 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     results are not there: under a trace (``evaluate`` called inside
     ``jax.jit``) or split over several processes
     (:func:`with_interval` adds it once they are gathered).
+    ``evaluate.lower(params, clients)`` lowers the program, as a jitted
+    function's does.
 
   Raises:
     ValueError: ``steps < 0``, or a concrete ``alpha`` that is negative, not
@@ -131,6 +133,7 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
     return {**metrics,
             "accuracy_interval": accuracy_interval(correct, count)}
 
+  evaluate_with_interval.lower = jitted.lower  # the program, as jit's
   return evaluate_with_interval
 
 
