@@ -264,19 +264,17 @@ def check_names(config: training.RunConfig) -> None:
   """Raises ``ValueError`` (one line) for a ``--algorithm``, ``--dataset``,
   ``--model`` or ``--pm.model`` that is not registered: the near miss
   (:func:`near_miss`), the choices, and ``--imports`` for one's own."""
-  kinds = [("algorithm", "algorithm", config.algorithm,
-            list(algorithms.REGISTRY)),
-           ("dataset", "dataset", config.dataset,
+  kinds = [("algorithm", config.algorithm, list(algorithms.REGISTRY)),
+           ("dataset", config.dataset,
             list(data.DATASETS) + list(data.ALIASES)),
-           ("model", "model", config.model, list(models.available_models())),
-           ("pm.model", "model", config.pm.model,
-            list(models.available_models()))]
-  for flag, kind, name, choices in kinds:
+           ("model", config.model, list(models.available_models())),
+           ("pm.model", config.pm.model, list(models.available_models()))]
+  for flag, name, choices in kinds:
     if name is None or name in choices:
       continue
     guess = near_miss(name, choices)
     raise ValueError(
-        f"--{flag}: unknown {kind} {name!r}"
+        f"unknown --{flag} {name!r}"
         + (f"; did you mean {guess}? Choose" if guess else "; choose")
         + f" one of {', '.join(choices)}, or register your own in a "
         "module and pass it with --imports=my_module (or "

@@ -132,8 +132,10 @@ def _run_cli(*args):
     (["--augfl.alpha=-1"], "--augfl.alpha must be > 0, got -1.0"),
     (["--eval.alpha=-1"], "--eval.alpha must be > 0"),
     (["--data.M=0"], "--data.M must be >= 1"),
-    (["--dataset=imagenet"], "unknown dataset 'imagenet'"),
-    (["--algorithm=sgd"], "unknown algorithm 'sgd'"),
+    (["--dataset=imagenet"], "unknown --dataset 'imagenet'; choose one of "),
+    (["--algorithm=sgd"], "unknown --algorithm 'sgd'; choose one of "),
+    (["--algorithm=FedAvg"], "unknown --algorithm 'FedAvg'; did you mean "
+     "fedavg? Choose one of "),
     (["--data.num_clients=500"], "num_clients"),
     (["--conv_impl=fft"], "unknown --conv_impl 'fft'; choose one of auto, "
      "xla, patches"),
