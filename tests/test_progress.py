@@ -106,7 +106,10 @@ def test_the_rate_leaves_out_a_one_time_cost_after_the_first_step():
   for marked in (False, True):
     p, clock = _loop(total=100, first=50.0, rest=1.0, steps=10)
     clock.now += 30.0 + 1.0
-    p.step(timed=not marked)
+    if marked:
+      p.step(timed=False)
+    else:
+      p.step()
     for _ in range(4):
       clock.now += 1.0
       p.step()
