@@ -18,7 +18,9 @@ Every flag but the run-control ones (``--output_dir``,
 section the run does not read (``--augfl.lam`` with
 ``--algorithm=fedavg``, ``--pm.*`` without a PM) are named in a warning.
 Outputs go to ``--output_dir`` (default
-``runs/<dataset>_<algorithm>_seed<seed>``).
+``runs/<dataset>_<algorithm>_seed<seed>``); the same command again, once
+the run has finished, trains nothing, names its summary and exits 0. On a
+terminal a live line shows every round below the printed lines.
 Ctrl-C (SIGINT) or SIGTERM finishes the current round, saves a checkpoint
 and exits with 128 + the signal's number, printing the command that resumes
 the run; one that comes before the first round (PM pretraining included)
