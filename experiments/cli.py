@@ -10,16 +10,20 @@ flag of the names before the configuration had sections (``--lam``,
 ``--num_clients``, ...) gets its new name in that line. ``--help`` prints
 the flags grouped by section and exits 0 (``experiments.flag_help``).
 
-``--imports=my_module,other`` (on the command line) imports those modules
-before any flag is defined: a user's own method, dataset or model that
-registers itself on import (``algorithms.register``,
-``data.register_dataset``, ``models.register_model``) is then one the
-command runs, with a flag for every field of its config.
+``--imports=my_module,path/to/other.py`` (on the command line or in a flag
+file) imports those modules, by name or from their file, before any flag
+is defined: a user's own method, dataset or model that registers itself on
+import (``algorithms.register``, ``data.register_dataset``,
+``models.register_model``) is then one the command runs, with a flag for
+every field of its config. An unknown ``--algorithm``, ``--dataset`` or
+``--model`` names the near miss (``FedAvg``: fedavg) and ``--imports``.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import importlib.util
 import logging as std_logging
 import os
 import re
@@ -33,35 +37,90 @@ from absl import flags
 from absl import logging
 import jax
 
-from augfl_jax import algorithms, data, training
+from augfl_jax import algorithms, data, models, training
 from augfl_jax.core import fields
 from experiments import flag_help
 
 FLAGS = flags.FLAGS
 
 
-def import_requested(argv: list[str] | None = None) -> list[str]:
-  """Imports the modules that ``--imports`` names on the command line
-  ``argv`` (default ``sys.argv``), once; returns their names.
-
-  Raises:
-    SystemExit: a module that does not import (one line, exit 2).
-  """
-  argv = sys.argv if argv is None else argv
+def requested_imports(argv: list[str]) -> list[str]:
+  """The modules that ``--imports`` names in ``argv``, the flag files it
+  names (``--flagfile``, read as absl reads them) included, in order."""
+  try:
+    argv = flags.FlagValues().read_flags_from_files(list(argv))
+  except flags.Error:
+    pass  # the parse of the flags reports the flag file that cannot be read
   names = []
   for i, arg in enumerate(argv):
     if arg.startswith("--imports="):
       names += arg.partition("=")[2].split(",")
     elif arg == "--imports" and i + 1 < len(argv):
       names += argv[i + 1].split(",")
-  names = [n.strip() for n in names if n.strip()]
+  return [n.strip() for n in names if n.strip()]
+
+
+def _import_file(path: str) -> None:
+  """Imports the module in the file ``path`` under its file's name (once;
+  the file's directory is searched for the modules it imports)."""
+  name = os.path.splitext(os.path.basename(path))[0]
+  path = os.path.abspath(path)
+  before = sys.modules.get(name)
+  if before is not None:
+    if os.path.abspath(getattr(before, "__file__", "") or "") == path:
+      return
+    raise ImportError(f"a module named {name} is imported already "
+                      f"({getattr(before, '__file__', None) or 'built in'});"
+                      " rename the file")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no such file {path}")
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  if os.path.dirname(path) not in sys.path:
+    sys.path.append(os.path.dirname(path))
+  sys.modules[name] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    del sys.modules[name]
+    raise
+
+
+def _import(name: str) -> None:
+  """Imports ``name``: a file (``path/to/my_module.py``), or a module by
+  name, found on ``sys.path`` or as ``my_module.py`` in the current
+  directory."""
+  if name.endswith(".py") or os.sep in name or "/" in name:
+    _import_file(name)
+    return
+  try:
+    importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    local = name.replace(".", os.sep) + ".py"
+    if e.name != name.partition(".")[0] or not os.path.isfile(local):
+      raise
+    _import_file(local)
+
+
+def import_requested(argv: list[str] | None = None) -> list[str]:
+  """Imports the modules that ``--imports`` names in ``argv`` (default
+  ``sys.argv``; :func:`requested_imports`), each by name or from its file,
+  once; returns them.
+
+  Raises:
+    SystemExit: a module that does not import (one line, exit 2).
+  """
+  names = requested_imports(sys.argv if argv is None else argv)
   for name in names:
     try:
-      importlib.import_module(name)
+      _import(name)
     except Exception as e:  # pylint: disable=broad-except
       reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+      way_out = ("; give its file (--imports=path/to/my_module.py) or put "
+                 "its directory on PYTHONPATH"
+                 if isinstance(e, ModuleNotFoundError) else "")
       print(f"error: --imports: {name} does not import "
-            f"({type(e).__name__}: {reason})", file=sys.stderr)
+            f"({type(e).__name__}: {reason}){way_out}", file=sys.stderr)
       sys.exit(2)
   return names
 
@@ -74,10 +133,11 @@ def define_config_flags(only: tuple[str, ...] | None = None,
   fields of these dotted names (``experiments.pretrain_pm``)."""
   import_requested()
   if "imports" not in flag_values:
-    flags.DEFINE_list("imports", [], "modules to import before the flags "
-                      "are read, on the command line: a user's own method, "
-                      "dataset or model, registered on import",
-                      flag_values=flag_values)
+    flags.DEFINE_list("imports", [], "modules (my_module) or their files "
+                      "(path/to/my_module.py) to import before the flags "
+                      "are read, on the command line or in a --flagfile: a "
+                      "user's own method, dataset or model, registered on "
+                      "import", flag_values=flag_values)
   for name, f, owner, value in fields.walk(training.config.config_class()()):
     if name in flag_values or (only is not None and name not in only):
       continue
@@ -202,7 +262,39 @@ def config_from_flags(flag_values: flags.FlagValues = FLAGS
     except (ValueError, TypeError) as e:
       names = ", ".join(f"--{n}" for n in section_changes)
       raise ValueError(f"{names}: {e}") from None
+  check_names(config)
   return config
+
+
+def near_miss(name: str, choices: list[str]) -> str | None:
+  """The choice ``name`` most likely meant: the same but for case and
+  ``-`` for ``_`` (``FedAvg``, ``fashion-mnist``), else the closest by
+  ``difflib``; ``None`` when none is close."""
+  key = lambda s: s.lower().replace("-", "_")
+  keys = {key(c): c for c in reversed(choices)}
+  close = difflib.get_close_matches(key(name), list(keys), n=1)
+  return keys.get(key(name)) or (keys[close[0]] if close else None)
+
+
+def check_names(config: training.RunConfig) -> None:
+  """Raises ``ValueError`` (one line) for a ``--algorithm``, ``--dataset``,
+  ``--model`` or ``--pm.model`` that is not registered: the near miss
+  (:func:`near_miss`), the choices, and ``--imports`` for one's own."""
+  kinds = [("algorithm", config.algorithm, list(algorithms.REGISTRY)),
+           ("dataset", config.dataset,
+            list(data.DATASETS) + list(data.ALIASES)),
+           ("model", config.model, list(models.available_models())),
+           ("pm.model", config.pm.model, list(models.available_models()))]
+  for flag, name, choices in kinds:
+    if name is None or name in choices:
+      continue
+    guess = near_miss(name, choices)
+    raise ValueError(
+        f"unknown --{flag} {name!r}"
+        + (f"; did you mean {guess}? Choose" if guess else "; choose")
+        + f" one of {', '.join(choices)}, or register your own in a "
+        "module and pass it with --imports=my_module (or "
+        "--imports=path/to/my_module.py)")
 
 
 def default_output_dir(config: training.RunConfig) -> str:

@@ -196,7 +196,11 @@ def _read_sections(config: dict[str, Any]) -> dict[str, Any]:
   (``training.unread_sections``: other algorithms', and ``pm`` and
   ``crd`` without a PM), so that they neither label nor fold a curve. What
   decides it is the algorithm, its own section and the regulariser; a
-  config whose section this version cannot read keeps every section."""
+  config whose section this version cannot read keeps every section.
+  The run's own list of them (``read_sections``) is no field: it is left
+  out."""
+  config = {k: v for k, v in config.items()
+            if k != training.config.READ_SECTIONS}
   own = _own_section(config)
   if own is None:
     return config

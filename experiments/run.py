@@ -19,7 +19,9 @@ Every flag but the run-control ones (``--output_dir``,
 section the run does not read (``--augfl.lam`` with
 ``--algorithm=fedavg``, ``--pm.*`` without a PM) are named in a warning.
 Outputs go to ``--output_dir`` (default
-``runs/<dataset>_<algorithm>_seed<seed>``).
+``runs/<dataset>_<algorithm>_seed<seed>``); the same command again, once
+the run has finished, trains nothing, names its summary and exits 0. On a
+terminal a live line shows every round below the printed lines.
 Ctrl-C (SIGINT) or SIGTERM finishes the current round, saves a checkpoint
 and exits with 128 + the signal's number, printing the command that resumes
 the run; one that comes before the first round (PM pretraining included)
@@ -142,7 +144,7 @@ def _main():
         plan, FLAGS.output_dir or run_flags.default_output_dir(plan.config),
         log=_log, checkpoint_every=FLAGS.checkpoint_every,
         resume=FLAGS.resume, overwrite=FLAGS.overwrite,
-        resume_changes=FLAGS.resume_changes)
+        resume_changes=FLAGS.resume_changes, live=sys.stdout.isatty())
 
   try:
     with training.StopSignals() as stop:  # a signal before the run's own

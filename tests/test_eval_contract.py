@@ -6,9 +6,10 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from augfl_jax.core import evaluation
+from augfl_jax.core import evaluation, intervals
 from tests import tiny
 
 EXPECTED = (r"eval_fn\(params, batch\) must return \(mean loss, number "
@@ -85,3 +86,33 @@ def test_an_eval_fn_of_two_scalars_is_accepted():
   evaluation.check_eval_fn(_good, tiny.init(jax.random.key(0)),
                            jax.tree.map(lambda a: a[0],
                                         tiny.client_data().query))
+
+
+def test_the_evaluator_returns_per_client_counts_and_the_interval():
+  """As a run's records give them: correct predictions and query examples
+  per client, and the 95% interval across clients of the accuracy, with
+  the keys it returned before."""
+  metrics = _evaluate(_good)
+  for key in ("accuracy", "accuracy_std", "loss", "client_accuracy"):
+    assert key in metrics
+  correct = np.asarray(metrics["client_correct"])
+  count = np.asarray(metrics["client_count"])
+  assert correct.dtype == count.dtype == np.int32 and count.shape == (4,)
+  clients = tiny.client_data(num_clients=4)
+  np.testing.assert_array_equal(count, evaluation.query_counts(clients))
+  np.testing.assert_allclose(correct / count, metrics["client_accuracy"],
+                             rtol=1e-6)
+  interval = metrics["accuracy_interval"]
+  expected = intervals.ratio_interval(correct, count).clipped()
+  assert interval == expected and interval.n == 4
+  assert interval.mean == pytest.approx(float(metrics["accuracy"]))
+  # The run's own scoring of the same state gives the same interval.
+  assert evaluation.with_interval(
+      jax.device_get(metrics), count)["accuracy_interval"] == interval
+  # Inside a trace the interval waits for the host.
+  params = tiny.init(jax.random.key(0))
+  evaluate = evaluation.make_evaluator(tiny.loss_fn, _good, alpha=0.1,
+                                       strategy="vmap")
+  traced = jax.jit(lambda p, c: evaluate(p, c))(params, clients)
+  assert "accuracy_interval" not in traced
+  np.testing.assert_array_equal(traced["client_count"], count)

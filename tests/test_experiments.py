@@ -12,6 +12,7 @@ import pytest
 from augfl_jax.core import client_axis as clients, fields
 from augfl_jax import models, training
 from augfl_jax.training import presets
+from experiments import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +31,7 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert [r["round"] for r in records] == [2, 4]
   keys = {"round", "mean_train_loss", "accuracy", "accuracy_ci",
           "accuracy_std", "test_loss", "client_accuracy", "client_count",
-          "clients_digest", "seconds"}
+          "clients_digest", "seconds", "train"}
   assert set(records[0]) == keys
   assert set(records[1]) == keys | {"test_split"}  # after the last round
   for r in records:
@@ -63,6 +64,24 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert resolved["strategy"] == clients.default_strategy().name
   assert resolved["conv_impl"] == models.default_conv_impl()
   assert "clients: 40" in open(tmp_path / "partition.txt").read()
+  # config.json says which sections the run read (the others hold values
+  # it never used); it reads back as the same run, with or without that
+  # list (a run of an older version), and curves leave the list out.
+  assert resolved["read_sections"] == {
+      "augfl": ["data", "pm", "crd", "eval", "augfl"],
+      "fedavg": ["data", "eval", "fedavg"],
+      "per_fedavg": ["data", "eval", "per_fedavg"]}[algorithm]
+  assert set(resolved) - {"read_sections"} == set(fields.to_dict(
+      training.validate(config)))
+  lines = []
+  assert training.run(config, str(tmp_path), log=lines.append) == saved
+  assert "nothing to train" in lines[-1]
+  del resolved["read_sections"]
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(resolved, f)
+  assert training.run(config, str(tmp_path), log=lambda s: None) == saved
+  flat, _ = curves.load_run(str(tmp_path))
+  assert "read_sections" not in flat and flat["algorithm"] == algorithm
 
 
 @pytest.mark.slow
@@ -113,8 +132,10 @@ def _run_cli(*args):
     (["--augfl.alpha=-1"], "--augfl.alpha must be > 0, got -1.0"),
     (["--eval.alpha=-1"], "--eval.alpha must be > 0"),
     (["--data.M=0"], "--data.M must be >= 1"),
-    (["--dataset=imagenet"], "unknown dataset 'imagenet'"),
-    (["--algorithm=sgd"], "unknown algorithm 'sgd'"),
+    (["--dataset=imagenet"], "unknown --dataset 'imagenet'; choose one of "),
+    (["--algorithm=sgd"], "unknown --algorithm 'sgd'; choose one of "),
+    (["--algorithm=FedAvg"], "unknown --algorithm 'FedAvg'; did you mean "
+     "fedavg? Choose one of "),
     (["--data.num_clients=500"], "num_clients"),
     (["--conv_impl=fft"], "unknown --conv_impl 'fft'; choose one of auto, "
      "xla, patches"),
@@ -144,6 +165,14 @@ def test_cli_prints_progress_and_accuracy(tmp_path):
   assert result.stderr.splitlines() == [
       "warning: ignored, as the run does not read them: --pm.epochs (the "
       "run has no PM)"]
+  # The same command again: the run is done, and says where its summary is.
+  again = _run_cli("--rounds=2", "--eval_every=1", "--augfl.lam=0",
+                   "--pm.epochs=3", f"--output_dir={tmp_path}")
+  assert again.returncode == 0, again.stderr
+  assert again.stdout.strip().splitlines()[-1] == (
+      f"the run in {tmp_path} has done its 2 rounds: nothing to train; its "
+      f"summary is {tmp_path}/summary.json (a larger --rounds with --resume "
+      "continues it, --overwrite starts it again)")
 
 
 def _run_cli_inspected(*args, env=None):

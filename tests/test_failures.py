@@ -140,10 +140,25 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
   training.run(config, out, log=QUIET, checkpoint_every=1)
   assert run_files.steps(out) == [1, 2]
   before = open(os.path.join(out, "metrics.jsonl")).read()
+  summary = json.load(open(os.path.join(out, "summary.json")))
   with nothing_compiled():
+    # The same run again, finished: its summary, and where it is.
+    lines = []
+    assert training.run(config, out, log=lines.append) == summary
+    assert lines == [
+        f"the run in {out} has done its 2 rounds: nothing to train; its "
+        f"summary is {out}/summary.json (a larger --rounds with --resume "
+        "continues it, --overwrite starts it again)"]
+    # Without its summary it is not finished: it is resumed, not rerun.
+    os.rename(os.path.join(out, "summary.json"), str(tmp_path / "kept"))
     with pytest.raises(ValueError, match="already holds this run") as e:
       training.run(config, out, log=QUIET)
     assert "--resume" in str(e.value) and "--overwrite" in str(e.value)
+    os.rename(str(tmp_path / "kept"), os.path.join(out, "summary.json"))
+    # Another number of rounds is another run.
+    with pytest.raises(ValueError, match="holds a different run "
+                       r"\(rounds: 2 -> 3\)"):
+      training.run(fields.replace(config, rounds=3), out, log=QUIET)
     with pytest.raises(ValueError, match="holds a different run") as e:
       training.run(fields.replace(config, seed=1, **{"augfl.alpha": 0.1}),
                    out, log=QUIET)
@@ -222,8 +237,8 @@ def test_nan_in_one_clients_data_stops_the_run_naming_it(tmp_path):
                  transform_data=_nan_client(3))
   message = str(e.value)
   assert message.startswith("round 1: ")
-  assert "client_loss of training clients [3] (nan)" in message
-  assert "rows of training clients [3]" in message  # theta_i, y_i of client 3
+  assert "client_loss of training client 3 (nan)" in message
+  assert "rows of training client 3" in message  # theta_i, y_i of client 3
   # The last good state (round 0: the initial one) is saved and finite.
   assert run_files.steps(tmp_path) == [0]
   state, meta = _restore(tmp_path, 0)
@@ -243,7 +258,7 @@ def test_nan_with_sampled_clients_names_the_client_id(tmp_path):
     training.run(config, str(tmp_path), log=QUIET, checkpoint_every=0,
                  transform_data=_nan_client(5))
   assert str(e.value).startswith(f"round {first}: ")
-  assert "client_loss of training clients [5]" in str(e.value)
+  assert "client_loss of training client 5" in str(e.value)
   assert run_files.steps(tmp_path) == [first - 1]
   records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert [r["round"] for r in records] == list(range(1, first))
@@ -292,7 +307,7 @@ def test_cli_failures_are_one_line_without_traceback(tmp_path, compile_cache):
       (["--augfl.lam=5", f"--pm.dir={tmp_path / 'pm'}", out("a")],
        "PM checkpoint at"),
       (["-c", _NAN_CLI, "--augfl.lam=0", "--rounds=3", out("nan")],
-       "round 1: non-finite client_loss of training clients [3]"),
+       "round 1: non-finite client_loss of training client 3"),
   ]
   results = _cli_all([args for args, _ in cases], compile_cache)
   for (args, message), (code, stdout, stderr) in zip(cases, results):

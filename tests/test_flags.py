@@ -212,6 +212,32 @@ def test_unread_sections_follow_the_pm_role(algorithm):
     assert {"pm", "crd"} <= set(training.unread_sections(lam0))
 
 
+@pytest.mark.parametrize("algorithm,lam,read", [
+    ("fedavg", None, ["data", "eval", "fedavg"]),
+    ("augfl", 5.0, ["data", "pm", "crd", "eval", "augfl"]),
+    ("augfl", 0.0, ["data", "eval", "augfl"])])
+def test_config_json_marks_the_sections_the_run_reads(algorithm, lam, read):
+  """``read_sections``, from the plan's unread sections; the configuration
+  reads back from it, and from one without it (an older run's), the same;
+  curves do not take it for a field."""
+  from experiments import curves  # pylint: disable=g-import-not-at-top
+  config = training.RunConfig(algorithm=algorithm)
+  if lam is not None:
+    config = fields.replace(config, **{"augfl.lam": lam})
+  plan = training.prepare(config)
+  saved = json.loads(json.dumps(training.config.to_config_json(
+      plan.config, plan.unread)))
+  assert saved["read_sections"] == read
+  assert saved == {**fields.to_dict(plan.config), "read_sections": read}
+  assert training.config.to_config_json(plan.config) == saved
+  cls = training.config.config_class()
+  assert training.config.from_config_json(cls, saved) == plan.config
+  del saved["read_sections"]
+  assert training.config.from_config_json(cls, saved) == plan.config
+  assert "read_sections" not in curves._read_sections(  # pylint: disable=protected-access
+      {**saved, "read_sections": read})
+
+
 @pytest.mark.slow
 def test_what_a_run_does_not_read_does_not_change_it(tmp_path):
   """FedAvg with other values in every section it is said not to read
@@ -229,3 +255,34 @@ def test_what_a_run_does_not_read_does_not_change_it(tmp_path):
       training.unread_sections(training.validate(training.RunConfig(
           algorithm="fedavg")))) - {"fedproto", "fedpcl", "fedcp", "fedit"}
   assert metrics("base") == metrics("changed", **changed)
+
+
+@pytest.mark.parametrize("args,flag,meant", [
+    (["--algorithm=FedAvg"], "algorithm", "fedavg"),
+    (["--algorithm=per-fedavg"], "algorithm", "per_fedavg"),
+    (["--algorithm=fedavgg"], "algorithm", "fedavg"),
+    (["--dataset=fashion-mnist"], "dataset", "fashion_mnist"),
+    (["--dataset=Fashion_MNIST"], "dataset", "fashion_mnist"),
+    (["--model=CNN"], "model", "cnn"),
+    (["--pm.model=resnet8X4"], "pm.model", "resnet8x4"),
+    (["--algorithm=sgd"], "algorithm", None),
+    (["--dataset=imagenet"], "dataset", None),
+])
+def test_an_unknown_name_gets_its_near_miss_and_imports(run_flag_values,
+                                                        args, flag, meant):
+  run_flag_values.unparse_flags()
+  run_flag_values(["prog", *args])
+  with pytest.raises(ValueError) as e:
+    run_flags.config_from_flags(run_flag_values)
+  message = str(e.value)
+  name = args[0].partition("=")[2]
+  assert message.startswith(f"unknown --{flag} {name!r}; ")
+  assert "\n" not in message
+  assert ((f"did you mean {meant}?" in message) if meant
+          else "did you mean" not in message), message
+  assert "--imports=my_module" in message
+  assert "--imports=path/to/my_module.py" in message
+  run_flag_values.unparse_flags()
+  run_flag_values(["prog", f"--{flag}={meant or 'mlp'}"] if flag.endswith(
+      "model") or meant else ["prog"])
+  run_flags.config_from_flags(run_flag_values)  # the right name is taken

@@ -6,13 +6,15 @@ are known under jit too) allow it.
 from __future__ import annotations
 
 import dataclasses
+import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
 
 from augfl_jax.algorithms.augfl import round as augfl
-from augfl_jax.core import evaluation, tree
+from augfl_jax.core import checks, evaluation, tree
 from augfl_jax import models
 from augfl_jax.core.types import ClientData
 from tests import tiny
@@ -129,6 +131,64 @@ def test_a_flax_model_on_images_of_another_size_is_named():
                      r"\(5, 28, 28, 1\)\)"):
     evaluate(params, ClientData(support=batch, query=batch,
                                 num_examples=jnp.ones(3)))
+
+
+class _LogitsOnly(nn.Module):
+  """Breaks the contract: the logits alone."""
+
+  @nn.compact
+  def __call__(self, x, mask=None):
+    return nn.Dense(4)(x.reshape((x.shape[0], -1)))
+
+
+class _NoMask(nn.Module):
+  """Breaks the contract: no ``mask=``."""
+
+  @nn.compact
+  def __call__(self, x):
+    features = x.reshape((x.shape[0], -1))
+    return features, nn.Dense(4)(features)
+
+
+CONTRACT = re.escape(
+    "a client model returns (features [n, d], logits [n, K]) from "
+    "__call__(x, mask=None) and takes mask= (1 = a real example, 0 = "
+    "padding); ")
+
+
+@pytest.mark.parametrize("model,broken", [
+    (_LogitsOnly(), "_LogitsOnly returned float32[2,4]"),
+    (_NoMask(), "_NoMask takes no mask= (TypeError: "),
+])
+def test_a_model_that_breaks_the_contract_is_named_with_it(model, broken):
+  """Where it is first initialised (``init_params``, a run's and a PM's
+  path) and where it is first applied (the loss, the evaluator, the
+  features) with parameters made elsewhere."""
+  message = CONTRACT + re.escape(broken)
+  with pytest.raises(checks.ModelContractError, match=message) as e:
+    models.init_params(model, jax.random.key(0), (3,))
+  assert "\n" not in str(e.value) and "unpack" not in str(e.value)
+  with pytest.raises(checks.ModelContractError, match=message):
+    models.init_batch_stats(model, (3,))
+  params = model.init(jax.random.key(0), jnp.zeros((2, 3)))["params"]
+  batch = {"x": jnp.zeros((5, 3)), "y": jnp.zeros((5,), jnp.int32),
+           "mask": jnp.ones((5,))}
+  with pytest.raises(checks.ModelContractError, match=message.replace(
+      "2,4", "5,4")):
+    jax.jit(models.make_loss_fn(model))(params, batch)
+  with pytest.raises(checks.ModelContractError, match=message.replace(
+      "2,4", "5,4")):
+    models.make_features_fn(model)(params, batch["x"], batch["mask"])
+  clients = ClientData(
+      support=jax.tree.map(lambda a: jnp.stack([a] * 3), batch),
+      query=jax.tree.map(lambda a: jnp.stack([a] * 3), batch),
+      num_examples=jnp.ones(3))
+  evaluate = evaluation.make_evaluator(
+      models.make_loss_fn(model), models.make_eval_fn(model), alpha=0.1,
+      strategy=STRATEGY)
+  with pytest.raises(checks.ModelContractError, match=CONTRACT) as e:
+    evaluate(params, clients)
+  assert "shape the model was initialised for" not in str(e.value)
 
 
 def test_server_update_refuses_rhos_and_duals_that_do_not_fit():

@@ -106,9 +106,11 @@ def test_the_commands_import_a_users_modules(plugins, tmp_path,
       [sys.executable, "-m", "experiments.run", "--imports=not_a_module"],
       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
   assert missing.returncode == 2
-  assert missing.stderr.strip() == ("error: --imports: not_a_module does "
-                                    "not import (ModuleNotFoundError: No "
-                                    "module named 'not_a_module')")
+  assert missing.stderr.strip() == (
+      "error: --imports: not_a_module does not import (ModuleNotFoundError: "
+      "No module named 'not_a_module'); give its file (--imports=path/to/"
+      "my_module.py) or put its directory on PYTHONPATH")
+
 
 
 # A method of one's own whose config cannot be built from its defaults (a
@@ -214,3 +216,45 @@ def test_every_command_stops_at_a_broken_plugin_in_one_line(
   assert result.returncode == 2
   assert result.stderr == BROKEN["bad_default"][1] + "\n"
   assert not os.path.exists(tmp_path / "out")
+
+def test_imports_in_a_flag_file_and_by_file_define_the_flags(
+    plugins, tmp_path, monkeypatch):
+  """``--imports`` in a flag file, naming the module's file: its section's
+  flags are defined before the flag file's other flags are read."""
+  path = os.path.join(plugins, "my_fedprox.py")
+  flagfile = tmp_path / "fedprox.flags"
+  flagfile.write_text(f"--imports={path}\n--algorithm=fedprox\n"
+                      "--fedprox.mu=0.1\n")
+  argv = ["run", f"--flagfile={flagfile}"]
+  monkeypatch.setattr(sys, "argv", argv)
+  assert cli.requested_imports(argv) == [path]
+  values = flags.FlagValues()
+  cli.define_config_flags(flag_values=values)
+  values(argv)
+  config = cli.config_from_flags(values)
+  assert (config.algorithm, config.fedprox.mu) == ("fedprox", 0.1)
+  assert sys.modules["my_fedprox"].__file__ == path
+  assert cli.import_requested(argv) == [path]  # once: nothing new
+
+
+def test_imports_finds_a_module_in_the_current_directory(
+    plugins, monkeypatch, capsys):
+  """Off ``sys.path`` (no PYTHONPATH), a module in the current directory is
+  imported by its name; one found nowhere says how to give it."""
+  here = os.path.realpath(plugins)
+  monkeypatch.setattr(sys, "path", [
+      p for p in sys.path if p not in ("", ".") and os.path.realpath(
+          p or ".") not in (here, os.path.realpath(os.getcwd()))])
+  monkeypatch.chdir(plugins)
+  assert cli.import_requested(["run", "--imports=my_blobs"]) == ["my_blobs"]
+  assert "linear" in models.available_models()
+  for missing, reason in [("not_a_module", "No module named"),
+                          ("elsewhere/my_fedprox.py", "no such file")]:
+    with pytest.raises(SystemExit) as e:
+      cli.import_requested(["run", f"--imports={missing}"])
+    assert e.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: --imports: {missing} does not import ")
+    assert reason in line and "\n" not in line
+    if missing == "not_a_module":
+      assert "--imports=path/to/my_module.py" in line and "PYTHONPATH" in line

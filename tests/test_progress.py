@@ -1,4 +1,8 @@
-"""Time per step, time left, the one-time warning of a long loop, counts."""
+"""Time per step, time left, the one-time warning of a long loop, counts,
+the live line of a terminal and a run's console lines."""
+
+import io
+import sys
 
 import pytest
 
@@ -92,3 +96,120 @@ def test_pretraining_says_a_long_estimate_with_the_flags_that_shorten_it(
     assert "for the 34 steps left" in said[0], said
     assert "--pm.model=cnn --pm.epochs=10" in said[0]
     assert lines.index(said[0]) == 0  # before the first epoch's line
+
+
+def test_the_rate_leaves_out_a_one_time_cost_after_the_first_step():
+  """Rounds of 1 s after a 50 s first one; after round 10 an evaluation
+  compiles for 30 s (its time lands in round 11's): neither counts in
+  the rate, whether or not the caller marks it, nor does the time since
+  the last step (an evaluation in progress)."""
+  for marked in (False, True):
+    p, clock = _loop(total=100, first=50.0, rest=1.0, steps=10)
+    clock.now += 30.0 + 1.0
+    if marked:
+      p.step(timed=False)
+    else:
+      p.step()
+    for _ in range(4):
+      clock.now += 1.0
+      p.step()
+    clock.now += 12.0  # the next evaluation, while the line is written
+    assert p.seconds_per_step == pytest.approx(1.0)
+    assert p.describe("round") == "1 s/round, 1m25s left"
+  p, clock = _loop(total=100, first=50.0, rest=1.0, steps=1)
+  clock.now += 30.0
+  p.step(timed=False)  # the only later step was marked: no rate yet
+  assert p.seconds_per_step is None
+
+
+@pytest.mark.parametrize("items,text", [
+    ([3], "3"), ([3, 7], "3 and 7"), ([3, 7, 12, 20], "3, 7, 12 and 20"),
+    (list(range(32)), "0, 1, 2 and 29 others")])
+def test_some(items, text):
+  assert progress.some(items) == text
+
+
+def test_a_live_line_on_a_terminal_keeps_printed_lines_above_it():
+  rich_console = pytest.importorskip("rich.console")
+  out = io.StringIO()
+  console = rich_console.Console(file=out, force_terminal=True, width=100,
+                                 color_system=None)
+  with progress.LiveLine(True, console=console) as live:
+    live.update(0.25, "round 25/100  loss 0.5000")
+    print("a plain line")
+    live.update(0.5, "round 50/100  loss 0.2500")
+  text = out.getvalue()
+  assert "━" * 5 + "━" * 15 + "  25%  round 25/100  loss 0.5000" in text
+  assert " 50%  round 50/100  loss 0.2500" in text
+  assert "a plain line\n" in text
+  assert "\x1b[" in text  # redrawn in place
+  with progress.LiveLine(False) as live:  # a log file or a pipe: nothing
+    live.update(0.5, "not shown")
+
+
+def test_the_live_line_is_the_terminal_s_when_log_is_print(monkeypatch):
+  from augfl_jax.training import loop  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+  assert loop.shows_live_line(print, None)
+  assert not loop.shows_live_line(lambda line: None, None)
+  assert loop.shows_live_line(lambda line: None, True)
+  assert not loop.shows_live_line(print, False)
+  monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
+  assert not loop.shows_live_line(print, None)
+
+
+def test_an_accuracy_without_an_interval_is_not_labelled_with_one():
+  from augfl_jax.core import intervals  # pylint: disable=g-import-not-at-top
+  from augfl_jax.training import scoring  # pylint: disable=g-import-not-at-top
+  one = {"accuracy": 0.875, "accuracy_ci": [None, None],
+         "client_accuracy": [0.875]}
+  assert scoring.format_record(one) == "87.50 (1 client, no interval)"
+  assert scoring.format_record({**one, "accuracy_ci": [0.8, 0.95],
+                                "client_accuracy": [0.8, 0.95]}) == (
+                                    "87.50 [80.00, 95.00] (95% CI across 2 "
+                                    "clients)")
+  assert scoring.accuracy_text(intervals.mean_interval([0.5])) == (
+      "50.00 (1 client, no interval)")
+  assert scoring.accuracy_text(intervals.mean_interval([0.4, 0.6])) == (
+      "50.00 [-77.06, 177.06]")
+
+
+@pytest.mark.slow
+def test_a_runs_console_lines_are_short_and_say_what_they_cannot_compute(
+    tmp_path, monkeypatch, compile_cache):
+  """A round's line fits 100 columns (the test split on a line of its
+  own), one held-out client gets no interval and is not labelled with
+  one, and the live line shows every round while the log keeps the
+  evaluations' lines (without it, here, a line would be due every
+  round)."""
+  from augfl_jax import training  # pylint: disable=g-import-not-at-top
+  from augfl_jax.core import fields  # pylint: disable=g-import-not-at-top
+  from augfl_jax.training import rounds  # pylint: disable=g-import-not-at-top
+  del compile_cache
+  updates = []
+
+  class Recorded(progress.LiveLine):
+    def update(self, fraction, text):
+      assert self.enabled
+      updates.append((fraction, text))
+
+  monkeypatch.setattr(rounds, "LiveLine", Recorded)
+  monkeypatch.setattr(rounds, "LOG_SECONDS", 0.0)
+  config = fields.replace(training.RunConfig(rounds=4, eval_every=2), **{
+      "augfl.lam": 0.0, "data.num_clients": 3, "eval.test_clients": 20})
+  lines = []
+  training.run(config, str(tmp_path / "run"), log=lines.append, live=True)
+  said = [l for l in lines if l.startswith("round ")]
+  assert all(len(l) <= 100 for l in said), said
+  assert not any("95% CI across 1 client" in l for l in lines), lines
+  assert ("accuracy: the held-out client's test-client accuracy (%); 1 "
+          "client, no interval") in lines
+  evaluations = [l for l in said if " loss " in l and " accuracy " in l]
+  assert [l[:12] for l in evaluations] == ["round    2/4", "round    4/4"]
+  assert all(l.split(" accuracy ")[1].split("  ")[0].endswith(
+      " (1 client, no interval)") for l in evaluations), evaluations
+  assert said[-1].startswith("round    4/4  test-split accuracy ")
+  assert " across 20 clients (" in said[-1]
+  assert sorted({int(l[6:10]) for l in said}) == [1, 2, 4]
+  assert [f for f, _ in updates] == [0.25, 0.5, 0.75, 1.0]
+  assert updates[2][1].startswith("round    3/4  loss ")

@@ -367,11 +367,11 @@ def test_an_empty_config_json_does_not_block_the_next_run(tmp_path):
   config = _config(rounds=2, eval_every=1)
   training.run(config, out, log=QUIET, checkpoint_every=1)
   open(os.path.join(out, "config.json"), "w").close()  # a full disk
-  # A plain rerun reads the configuration from the checkpoint instead.
+  # A plain rerun reads the configuration from the checkpoint instead: the
+  # same run, finished.
   lines = []
-  with pytest.raises(training.OutputDirError,
-                     match="already holds this run; pass --resume"):
-    training.run(config, out, log=lines.append)
+  summary = training.run(config, out, log=lines.append)
+  assert summary["rounds"] == 2 and "nothing to train" in lines[-1]
   assert "config.json is empty or cut short" in lines[0]
   with pytest.raises(training.OutputDirError,
                      match="holds a different run .*seed: 0 -> 1"):
@@ -610,9 +610,11 @@ def test_every_step_size_field_may_change_on_resume_when_named():
                     if re.fullmatch(r"(.*\.)?(lr|alpha|beta|\w+_lr|lr_\w+)",
                                     n) and not n.startswith("data.")}
   # The PM's lr shapes the PM (its checkpoint's key), not the run's steps;
-  # AugFL's lambda, a weight, may change too.
-  assert (looks_like_one - {"pm.lr"}) | {"augfl.lam"} == set(
-      training.resume_changes(config))
+  # AugFL's lambda, a weight, may change too, and with it its warm-up and
+  # the bound on the server step it weighs.
+  assert (looks_like_one - {"pm.lr"}) | {
+      "augfl.lam", "augfl.lam_warmup", "augfl.reg_max_norm"} == set(
+          training.resume_changes(config))
 
 
 # ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from augfl_jax.core import intervals
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
 __all__ = [
-    "EvalFn", "check_eval_fn", "fast_adapt", "make_evaluator",
+    "EvalFn", "accuracy_interval", "check_eval_fn", "fast_adapt", "make_evaluator",
     "masked_correct", "query_counts", "score_in_chunks", "summarise",
     "with_interval"
 ]
@@ -67,7 +67,17 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
   Returns:
     ``evaluate(params, clients)`` with metrics ``accuracy`` (sample-weighted
     mean over clients), ``accuracy_std`` (std of per-client accuracies),
-    ``loss`` (sample-weighted query loss) and ``client_accuracy`` (``[C]``).
+    ``loss`` (sample-weighted query loss), ``client_accuracy``,
+    ``client_correct`` and ``client_count`` (``[C]``: correct predictions
+    and query examples per client, int32) and ``accuracy_interval`` (an
+    ``intervals.Interval`` of ``accuracy``, its 95% interval across the
+    clients, as a run's records give it). The jitted program computes the
+    rest; the interval is computed on the host, and left out where the
+    results are not there: under a trace (``evaluate`` called inside
+    ``jax.jit``) or split over several processes
+    (:func:`with_interval` adds it once they are gathered).
+    ``evaluate.lower(params, clients)`` lowers the program, as a jitted
+    function's does.
 
   Raises:
     ValueError: ``steps < 0``, or a concrete ``alpha`` that is negative, not
@@ -106,19 +116,25 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
       fn, per_client = (lambda c: one_client(c[0], c[1])), (params, clients)
     else:
       fn, per_client = (lambda c: one_client(params, c)), clients
-    return summarise(*clients_lib.map_clients(fn, per_client, strategy))
+    loss, correct, count = clients_lib.map_clients(fn, per_client, strategy)
+    as_int = lambda a: jnp.rint(a).astype(jnp.int32)
+    return {**summarise(loss, correct, count),
+            "client_correct": as_int(correct), "client_count": as_int(count)}
 
-  return jax.jit(evaluate)
+  jitted = jax.jit(evaluate)
 
+  def evaluate_with_interval(params, clients: ClientData):
+    metrics = jitted(params, clients)
+    per_client = (metrics["client_correct"], metrics["client_count"])
+    if not all(not isinstance(a, jax.core.Tracer) and isinstance(
+        a, jax.Array) and a.is_fully_addressable for a in per_client):
+      return metrics
+    correct, count = jax.device_get(per_client)
+    return {**metrics,
+            "accuracy_interval": accuracy_interval(correct, count)}
 
-def _describe(value: Any) -> str:
-  """``float32[]``, ``int32[16]``, ``a tuple of 3 (float32[], ...)``."""
-  if isinstance(value, (tuple, list)):
-    kind = "a tuple" if isinstance(value, tuple) else "a list"
-    return f"{kind} of {len(value)} ({', '.join(map(_describe, value))})"
-  if hasattr(value, "shape") and hasattr(value, "dtype"):
-    return f"{value.dtype}[{','.join(str(d) for d in value.shape)}]"
-  return type(value).__name__
+  evaluate_with_interval.lower = jitted.lower  # the program, as jit's
+  return evaluate_with_interval
 
 
 def check_eval_fn(eval_fn: EvalFn, params: Params, batch: Batch) -> None:
@@ -130,6 +146,8 @@ def check_eval_fn(eval_fn: EvalFn, params: Params, batch: Batch) -> None:
               "correct), two scalars")
   try:
     out = jax.eval_shape(eval_fn, params, batch)
+  except checks.ModelContractError:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
     raise ValueError(
@@ -140,7 +158,7 @@ def check_eval_fn(eval_fn: EvalFn, params: Params, batch: Batch) -> None:
                 jnp.issubdtype(v.dtype, jnp.number) for v in out))
   if not ok:
     raise ValueError(f"{expected}; on a held-out client's query set it "
-                     f"returned {_describe(out)}")
+                     f"returned {checks.describe_value(out)}")
 
 
 def summarise(loss: jax.Array | None, correct: jax.Array, count: jax.Array,
@@ -185,6 +203,20 @@ def query_counts(clients: ClientData) -> np.ndarray:
                     dtype=np.int64)
 
 
+def accuracy_interval(correct: np.ndarray, counts: np.ndarray,
+                      confidence: float = intervals.CONFIDENCE
+                     ) -> intervals.Interval:
+  """The sample-weighted accuracy ``sum(correct) / sum(counts)`` over
+  ``[C]`` clients with its interval across them
+  (``intervals.ratio_interval``), clipped to [0, 1]; accuracy 0 and no
+  interval when no client has an example to score (as :func:`summarise`
+  gives it)."""
+  counts = np.asarray(counts, dtype=np.int64)
+  if counts.sum() <= 0:
+    return intervals.Interval(0.0, math.nan, math.nan, int(counts.size))
+  return intervals.ratio_interval(correct, counts, confidence).clipped()
+
+
 def with_interval(metrics: dict[str, Any], counts: np.ndarray,
                   confidence: float = intervals.CONFIDENCE
                  ) -> dict[str, Any]:
@@ -205,9 +237,9 @@ def with_interval(metrics: dict[str, Any], counts: np.ndarray,
   counts = np.asarray(counts, dtype=np.int64)
   correct = np.rint(np.asarray(metrics["client_accuracy"], np.float64)
                     * counts).astype(np.int64)
-  interval = intervals.ratio_interval(correct, counts, confidence).clipped()
   return {**metrics, "client_correct": correct, "client_count": counts,
-          "accuracy_interval": interval}
+          "accuracy_interval": accuracy_interval(correct, counts,
+                                                 confidence)}
 
 
 def score_in_chunks(evaluate: Callable[[Any, ClientData], dict[str, Any]],
@@ -222,7 +254,7 @@ def score_in_chunks(evaluate: Callable[[Any, ClientData], dict[str, Any]],
     :func:`with_interval`'s metrics over all ``C`` clients: ``accuracy``
     (sample-weighted), ``accuracy_std``, ``loss`` (sample-weighted),
     ``client_accuracy``, ``client_correct``, ``client_count`` ``[C]`` and
-    ``accuracy_interval``.
+    ``accuracy_interval`` (``evaluate``'s other metrics are not kept).
   """
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

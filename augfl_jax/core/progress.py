@@ -1,7 +1,11 @@
-"""Time per step and time left for a loop of known length (rounds, epochs).
+"""Time per step and time left for a loop of known length (rounds, epochs),
+and a live progress line on a terminal.
 
-The first step of a jitted loop includes compilation, so the rate is taken
-over the steps after it; until a second step is done there is no estimate::
+The first step of a jitted loop includes compilation, and a later one may
+include a one-time cost (the first evaluation's compilation, a checkpoint,
+an evaluation between two steps): the rate is the median time of the
+:data:`RECENT` steps before, the first left out, so that the time left
+counts neither; until a second step is done there is no estimate::
 
   progress = Progress(total=300, done=start_round)
   ...after each round...
@@ -11,18 +15,28 @@ over the steps after it; until a second step is done there is no estimate::
     log(f"the rounds will take long: {estimate}")
 
 Counts in messages read ``counted(1, "epoch")`` -> ``1 epoch``,
-``counted(3, "round")`` -> ``3 rounds``.
+``counted(3, "round")`` -> ``3 rounds``; lists of ids ``some([3, 7, 12,
+...])`` -> ``3, 7, 12 and 29 others``.
+
+On a terminal, :class:`LiveLine` keeps a progress line at the bottom
+(rich), redrawn at each step, while the lines printed meanwhile scroll
+above it; a log file or a pipe gets the printed lines alone.
 """
 
 from __future__ import annotations
 
+import collections
+import statistics
 import time
-from typing import Callable
+from typing import Any, Callable, Sequence
 
-__all__ = ["LONG_SECONDS", "Progress", "counted", "format_duration"]
+__all__ = ["LONG_SECONDS", "LiveLine", "Progress", "RECENT", "counted",
+           "format_duration", "some"]
 
 # An estimated time left above this is said once, as soon as it is known.
 LONG_SECONDS = 3600.0
+# The rate is the median time of this many recent steps.
+RECENT = 20
 
 
 def format_duration(seconds: float) -> str:
@@ -42,6 +56,16 @@ def counted(n: int, noun: str) -> str:
   return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def some(items: Sequence[Any], shown: int = 3) -> str:
+  """``"3, 7, 12 and 29 others"``: the first ``shown`` items and how many
+  more; ``"3, 7 and 12"`` when that is all of them."""
+  items = [str(i) for i in items]
+  if len(items) <= shown + 1:
+    return (", ".join(items[:-1]) + " and " + items[-1]
+            if len(items) > 1 else "".join(items))
+  return f"{', '.join(items[:shown])} and {len(items) - shown} others"
+
+
 class Progress:
   """Counts finished steps of a loop of ``total`` and times them.
 
@@ -54,26 +78,30 @@ class Progress:
   def __init__(self, total: int, done: int = 0,
                clock: Callable[[], float] = time.perf_counter):
     self.total, self.done, self._clock = total, done, clock
-    self._first_done_at: float | None = None
-    self._timed_steps = 0
+    self._last_done_at: float | None = None
+    self._recent: collections.deque[float] = collections.deque(
+        maxlen=RECENT)
     self._long_said = False
     self.started = clock()
 
-  def step(self, count: int = 1) -> None:
-    """Records ``count`` more finished steps."""
+  def step(self, count: int = 1, timed: bool = True) -> None:
+    """Records ``count`` more finished steps; ``timed=False``: their time
+    (since the previous call) includes a one-time cost the caller knows
+    of, such as an evaluation's compilation, and is not counted in the
+    rate (nor is the first call's)."""
     self.done += count
-    if self._first_done_at is None:
-      self._first_done_at = self._clock()  # the first call compiles
-    else:
-      self._timed_steps += count
+    now = self._clock()
+    if self._last_done_at is not None and timed:
+      self._recent.append((now - self._last_done_at) / count)
+    self._last_done_at = now
 
   @property
   def seconds_per_step(self) -> float | None:
-    """Mean time of the steps after the first, ``None`` before there is
-    one."""
-    if not self._timed_steps:
+    """The median time of the recent steps (:data:`RECENT`) after the
+    first, ``None`` before there is one."""
+    if not self._recent:
       return None
-    return (self._clock() - self._first_done_at) / self._timed_steps
+    return statistics.median(self._recent)
 
   @property
   def seconds_left(self) -> float | None:
@@ -109,3 +137,50 @@ class Progress:
     return (f"an estimated {format_duration(left)} for the "
             f"{counted(self.total - self.done, unit)} left "
             f"({self._rate(unit)}, timed after the first)")
+
+
+class LiveLine:
+  """A progress line at the bottom of a terminal, redrawn in place by
+  :meth:`update`, while the lines printed to stdout or stderr meanwhile
+  scroll above it (rich's ``Live``); it is gone when the block ends.
+  ``enabled=False`` (a log file, a pipe): nothing is shown and
+  :meth:`update` does nothing.
+
+  Args:
+    enabled: whether to show it.
+    console: the ``rich.console.Console`` it is drawn on (default: standard
+      output's).
+  """
+
+  BAR = 20  # the bar's width in characters
+
+  def __init__(self, enabled: bool, console: Any = None):
+    self.enabled, self._console, self._live = enabled, console, None
+
+  def __enter__(self) -> LiveLine:
+    if self.enabled:
+      from rich.console import Console  # pylint: disable=g-import-not-at-top
+      from rich.live import Live  # pylint: disable=g-import-not-at-top
+      self._live = Live(console=self._console or Console(), transient=True,
+                        auto_refresh=False, redirect_stdout=True,
+                        redirect_stderr=True)
+      self._live.start()
+    return self
+
+  def update(self, fraction: float, text: str) -> None:
+    """Shows a bar ``fraction`` (0 to 1) full, then ``text``."""
+    if self._live is None:
+      return
+    from rich.text import Text  # pylint: disable=g-import-not-at-top
+    fraction = min(max(fraction, 0.0), 1.0)
+    full = round(fraction * self.BAR)
+    line = Text(no_wrap=True, overflow="ellipsis")
+    line.append("━" * full, style="green")
+    line.append("━" * (self.BAR - full), style="grey37")
+    line.append(f" {100 * fraction:3.0f}%  {text}")
+    self._live.update(line, refresh=True)
+
+  def __exit__(self, *exc) -> None:
+    if self._live is not None:
+      self._live.stop()
+      self._live = None

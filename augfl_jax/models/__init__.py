@@ -10,6 +10,10 @@ the reference runs its ResNets in training mode), also at evaluation.
 
 All functions returned here are pure in ``params`` and safe under
 ``jax.jit``, ``jax.grad`` and ``jax.vmap`` over a leading client axis.
+Where a model is first initialised or applied here, a model that breaks
+this contract (returns the logits alone, takes no ``mask=``) is refused
+with ``core.checks.ModelContractError`` naming the contract and what the
+model did (checked on shapes, at no cost under ``jit``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from augfl_jax.models.mlp import MLP
 from augfl_jax.models.norm import NORMS, MaskedBatchNorm, masked_moments
 from augfl_jax.models.resnet import (
     BasicBlock, ResNet, resnet8, resnet8x4, resnet20, resnet32, resnet32x4)
+from augfl_jax.core import checks
 from augfl_jax.core.types import Batch, Params, PRNGKey
 
 __all__ = [
@@ -138,8 +143,12 @@ def init_params(
 
 
 def _init(model: nn.Module, key: PRNGKey, input_shape: tuple[int, ...]):
+  """The variables of ``model`` on a zero batch of 2 (of all examples),
+  its output checked against the contract (module docstring)."""
   x = jnp.zeros((2,) + tuple(input_shape), jnp.float32)
-  variables = model.init(key, x)
+  out, variables = _call(model.init_with_output, model, key, x,
+                         jnp.ones((2,), jnp.float32))
+  checks.check_model_output(out, type(model).__name__, 2)
   extra = set(variables) - {"params", "batch_stats"}
   if extra:
     raise ValueError("Models must only have 'params' and 'batch_stats' "
@@ -152,6 +161,29 @@ def init_batch_stats(model: nn.Module, input_shape: tuple[int, ...]
   """The initial running statistics of ``model``'s batch-norm layers
   (``mean`` 0, ``var`` 1; ``{}`` for a model without batch norm)."""
   return _init(model, jax.random.key(0), input_shape).get("batch_stats", {})
+
+
+def _call(method: Callable[..., Any], model: nn.Module, first: Any,
+          x: jax.Array, mask: jax.Array | None, **kwargs: Any) -> Any:
+  """``method(first, x, mask=mask, **kwargs)`` (``model.init_with_output``
+  or ``model.apply``); a model that takes no ``mask=`` is a
+  ``ModelContractError``."""
+  try:
+    return method(first, x, mask=mask, **kwargs)
+  except TypeError as e:
+    error = checks.model_without_mask(e, type(model).__name__)
+    if error is None:
+      raise
+    raise error from None
+
+
+def _apply(model: nn.Module, params: Params, x: jax.Array,
+           mask: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """``model.apply({"params": params}, x, mask=mask)``, its output checked
+  against the contract (module docstring)."""
+  out = _call(model.apply, model, {"params": params}, x, mask)
+  checks.check_model_output(out, type(model).__name__, x.shape[0])
+  return out
 
 
 def num_params(params: Params) -> int:
@@ -192,7 +224,7 @@ def make_features_fn(
   def features_fn(params: Params, x: jax.Array,
                   mask: jax.Array | None = None
                   ) -> tuple[jax.Array, jax.Array]:
-    return model.apply({"params": params}, x, mask=mask)
+    return _apply(model, params, x, mask)
 
   return features_fn
 
@@ -217,7 +249,7 @@ def make_loss_fn(model: nn.Module) -> Callable[[Params, Batch], jax.Array]:
 
   def loss_fn(params: Params, batch: Batch) -> jax.Array:
     y, mask = _labels_and_mask(batch)
-    _, logits = model.apply({"params": params}, batch["x"], mask=mask)
+    _, logits = _apply(model, params, batch["x"], mask)
     # at least float32 (16-bit logits upcast), float64 kept
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), y)
@@ -239,7 +271,7 @@ def make_eval_fn(
 
   def eval_fn(params: Params, batch: Batch) -> tuple[jax.Array, jax.Array]:
     y, mask = _labels_and_mask(batch)
-    _, logits = model.apply({"params": params}, batch["x"], mask=mask)
+    _, logits = _apply(model, params, batch["x"], mask)
     logits = logits.astype(jnp.float32)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     hit = (jnp.argmax(logits, axis=-1) == y).astype(jnp.float32)

@@ -17,8 +17,10 @@ the ``RunConfig`` that commands build their flags from.
 A field left ``None`` (or ``"auto"``) takes the dataset's preset, then the
 paper's value (§VI-A), then the backend's measured choice:
 :func:`augfl_jax.training.presets.resolve` fills them in, and ``config.json``
-records the resolved configuration. Flags, sweeps and ``config.json`` name a
-field by its dotted path (``augfl.rho``, ``data.server_size``).
+records the resolved configuration, with the sections its run read
+(:data:`READ_SECTIONS`: :func:`to_config_json`, :func:`from_config_json`).
+Flags, sweeps and ``config.json`` name a field by its dotted path
+(``augfl.rho``, ``data.server_size``).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from augfl_jax.transfer import crd
 
 __all__ = [
     "algorithm_config", "AUTO", "config_class", "DataConfig", "EvalConfig",
-    "fields_to_lower", "pm_role", "PMConfig", "resumable_fields",
-    "resume_changes", "RunConfig", "section_name", "unread_sections",
-    "unused_sections"
+    "fields_to_lower", "from_config_json", "pm_role", "PMConfig",
+    "READ_SECTIONS", "resumable_fields", "resume_changes", "RunConfig",
+    "section_name", "to_config_json", "unread_sections", "unused_sections"
 ]
 
 AUTO = "auto"  # strategy, conv_impl: the backend's measured choice
@@ -364,3 +366,30 @@ def fields_to_lower(config: RunConfig) -> tuple[str, ...]:
   head = section_name(config) + "."
   return tuple(n for n in resume_changes(config) if n.startswith(head)
                and fields.get(config, n) != 0)
+
+
+# config.json's list of the sections of the configuration that its run read
+# (the others hold values the run never used: :func:`unread_sections`). Not
+# a field of RunConfig: :func:`from_config_json` leaves it out.
+READ_SECTIONS = "read_sections"
+
+
+def to_config_json(config: RunConfig,
+                   unread: tuple[str, ...] | None = None) -> dict[str, Any]:
+  """``config.json`` of a run of ``config``: ``fields.to_dict(config)`` and
+  :data:`READ_SECTIONS`, its sections but ``unread`` (default:
+  :func:`unread_sections`)."""
+  unread = unread_sections(config) if unread is None else unread
+  return {**fields.to_dict(config), READ_SECTIONS: [
+      f.name for f in dataclasses.fields(config)
+      if dataclasses.is_dataclass(getattr(config, f.name))
+      and f.name not in unread]}
+
+
+def from_config_json(cls: type[RunConfig] | RunConfig,
+                     values: dict[str, Any]) -> RunConfig:
+  """The configuration in a ``config.json`` (of this version, or of one
+  without :data:`READ_SECTIONS`), on top of ``cls`` (``fields.from_dict``;
+  ``ValueError`` for a key that is no field)."""
+  return fields.from_dict(cls, {k: v for k, v in values.items()
+                                if k != READ_SECTIONS})

@@ -3,7 +3,9 @@
 ``run(config, output_dir)`` trains ``config.algorithm``, scores the held-out
 clients every ``config.eval_every`` rounds and writes to ``output_dir``:
 
-* ``config.json``: the resolved configuration (every default filled in);
+* ``config.json``: the resolved configuration (every default filled in),
+  with ``read_sections``, the sections the run reads
+  (``config.to_config_json``);
 * ``partition.txt``: the files read, the partition, the server split;
 * ``metrics.jsonl``: one JSON object per evaluation (round, mean training
   loss since the last one, test-client accuracy mean/std across clients and
@@ -38,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -59,7 +62,7 @@ from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
                                        StopSignals)
 
 __all__ = ["run", "CHECKPOINT_EVERY", "NonFiniteError", "RunInterrupted",
-           "sample_participants"]
+           "sample_participants", "shows_live_line"]
 
 CHECKPOINT_EVERY = 50
 
@@ -70,14 +73,15 @@ def run(config: RunConfig | Plan, output_dir: str,
         overwrite: bool = False, resume_changes: Sequence[str] = (),
         transform_data: Callable[[data.FederatedData], data.FederatedData
                                  | tuple[data.FederatedData, str]]
-        | None = None) -> dict[str, Any]:
+        | None = None, live: bool | None = None) -> dict[str, Any]:
   """Trains ``config.algorithm`` and scores it on the held-out clients.
 
   Args:
     config: the run's configuration (resolved and checked here: its
       :class:`Plan`), or the plan ``training.prepare`` made of it.
     output_dir: where the run's files go (module docstring).
-    log: receives progress lines.
+    log: receives the progress lines (each at most 100 columns during the
+      rounds; every evaluation in full is in ``metrics.jsonl``).
     checkpoint_every: save the run state every this many rounds and at the
       end; 0: only at the end, on a signal and before a non-finite stop.
     resume: continue from ``output_dir``'s newest readable checkpoint (its
@@ -94,6 +98,12 @@ def run(config: RunConfig | Plan, output_dir: str,
     transform_data: applied to the federated data before training (tests
       put a NaN into a client; ``experiments.ood`` swaps in rotated
       domains); returns the data, or ``(data, description)``.
+    live: a live line of the rounds at the bottom of the terminal
+      (``core.progress.LiveLine``), above which ``log``'s lines scroll,
+      which then gets the evaluations' lines only (not one every 10 s).
+      ``None``: shown where ``log`` is ``print`` (the default) and
+      standard output is a terminal (:func:`shows_live_line`); a ``log``
+      of one's own gets its lines as before.
 
   Returns:
     The summary, also written to ``summary.json``.
@@ -127,10 +137,11 @@ def run(config: RunConfig | Plan, output_dir: str,
     plan = dataclasses.replace(
         plan, strategy=processes.run_strategy(plan.strategy))
     if not processes.is_writer():
-      log = lambda line: None
+      log, live = (lambda line: None), False
     log(f"client axis: {processes.describe(plan.strategy)}")
     loaded = _load(plan, transform_data)  # agreed before the directory
     _agree_on_data(plan, loaded[0])       # is touched
+  live = shows_live_line(log, live)
   out = (OutputDir if processes.is_writer() else PeerOutputDir)(output_dir)
   created = not os.path.exists(output_dir)
   out.check_writable()
@@ -138,7 +149,7 @@ def run(config: RunConfig | Plan, output_dir: str,
     processes.sync("the run directory is locked")
     return _run_locked(plan, out, log, checkpoint_every, resume,
                        overwrite, resume_changes, transform_data, stop,
-                       loaded)
+                       loaded, live)
 
 
 def _agree_on_flags(plan: Plan, output_dir: str, checkpoint_every: int,
@@ -199,6 +210,15 @@ def _load(plan: Plan, transform_data) -> tuple[data.FederatedData, str]:
   return fed, description
 
 
+def shows_live_line(log: Callable[[str], None], live: bool | None) -> bool:
+  """``live``, or for ``None`` whether ``log`` is ``print`` and standard
+  output is a terminal (not a log file, a pipe or a notebook)."""
+  if live is not None:
+    return live
+  isatty = getattr(sys.stdout, "isatty", None)
+  return log is print and bool(isatty and isatty())
+
+
 def _pretrains_pm(plan: Plan) -> bool:
   """Whether the run needs a PM and none is saved in ``pm.dir`` yet (the
   run pretrains it)."""
@@ -206,14 +226,14 @@ def _pretrains_pm(plan: Plan) -> bool:
 
 
 def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
-                resume_changes, transform_data, stop, loaded
+                resume_changes, transform_data, stop, loaded, live
                ) -> dict[str, Any]:
   checkpoints = RunCheckpoints(out.file("checkpoints"))
   try:
     checkpoints.remove_unfinished_saves()  # this run holds the lock
     summary = _train(plan, out, checkpoints, log, checkpoint_every,
                      resume, overwrite, resume_changes, transform_data, stop,
-                     loaded)
+                     loaded, live)
   except BaseException:
     # A save in flight completes even when an exception stops the run; its
     # own failure, if any, is not reported over the one propagating.
@@ -224,7 +244,7 @@ def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
 
 
 def _train(plan, out, checkpoints, log, checkpoint_every, resume,
-           overwrite, resume_changes, transform_data, stop, loaded
+           overwrite, resume_changes, transform_data, stop, loaded, live
           ) -> dict[str, Any]:
   config = plan.config
   resumed_from = resuming.find_start(config, out, checkpoints, resume,
@@ -236,8 +256,10 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
     differ = resuming.differing_files(out, checkpoints.read_meta(start_round))
     if not differ:
       log(f"the run in {out.path} has done its "
-          f"{counted(config.rounds, 'round')}; "
-          "pass a larger --rounds to continue it")
+          f"{counted(config.rounds, 'round')}: nothing to train; its "
+          f"summary is {out.file('summary.json')} (a larger --rounds "
+          + ("continues it" if resume else "with --resume continues it, "
+             "--overwrite starts it again") + ")")
       return out.read_json("summary.json")
     log(f"{out.path}: {'; '.join(differ)}: written again from "
         f"{checkpoints.path(start_round)}")
@@ -284,8 +306,8 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
   resumed = None if resumed_from is None else resuming.restore(
       config, out, checkpoints, state, resume_changes, log)
   return rounds.RoundLoop(
-      rounds.LoopConfig.of(config, checkpoint_every), out, checkpoints,
-      algo, train, scoring.Scorers.of(algo.evaluate, fed),
+      rounds.LoopConfig.of(config, checkpoint_every, plan.unread), out,
+      checkpoints, algo, train, scoring.Scorers.of(algo.evaluate, fed),
       lambda r: sample_participants(config.seed, r, num_clients,
                                     config.clients_per_round),
-      log, stop, description, digest).run(state, resumed, start_round)
+      log, stop, description, digest, live).run(state, resumed, start_round)

@@ -17,16 +17,17 @@ from augfl_jax.core import fields, tree
 from augfl_jax.core.progress import counted
 from augfl_jax.training import processes
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
-from augfl_jax.training.config import RunConfig, config_class, pm_role
-from augfl_jax.training.config import resumable_fields
+from augfl_jax.training.config import (RunConfig, config_class,
+                                       from_config_json, pm_role,
+                                       resumable_fields)
 from augfl_jax.training.config import resume_changes as resume_changes_of
 from augfl_jax.training.config import unused_sections
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 
 __all__ = [
     "changed", "check_data", "check_resume_config", "check_run_control",
-    "data_digest", "differing_files", "find_start", "record_changes",
-    "restore", "Resumed", "saved_config", "write_error"
+    "data_digest", "differing_files", "find_start", "finished",
+    "record_changes", "restore", "Resumed", "saved_config", "write_error"
 ]
 
 
@@ -109,7 +110,7 @@ def saved_config(out: OutputDir, checkpoints: RunCheckpoints, log,
   path = out.file("config.json")
   if os.path.exists(path):
     try:
-      return fields.from_dict(cls, out.read_json("config.json"))
+      return from_config_json(cls, out.read_json("config.json"))
     except OutputDirError:
       log(f"{path} is empty or cut short (a crash or a full disk while it "
           "was written); " + ("using the configuration saved with the "
@@ -123,11 +124,27 @@ def saved_config(out: OutputDir, checkpoints: RunCheckpoints, log,
   return None
 
 
+def finished(out: OutputDir) -> bool:
+  """Whether ``out`` holds a ``summary.json`` that reads whole: what the
+  run writes once its last round is done."""
+  if not os.path.exists(out.file("summary.json")):
+    return False
+  try:
+    out.read_json("summary.json")
+  except OutputDirError:
+    return False
+  return True
+
+
 def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
                resume: bool, overwrite: bool,
                resume_changes: Sequence[str], log) -> int | None:
   """The checkpoint step to resume from (``None``: a fresh run), after
-  checking the directory against the run. Raises ``ValueError``."""
+  checking the directory against the run: without ``resume``, a directory
+  that holds this very run (the same configuration, but for the sections
+  it does not read), finished, gives its last step, ``config.rounds``
+  (``run`` then reports its summary and trains nothing). Raises
+  ``ValueError``."""
   foreign = out.foreign()
   if foreign:
     raise OutputDirError(
@@ -164,6 +181,8 @@ def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
           f"{out.path} holds a different run ({'; '.join(diff)}); pass "
           "--overwrite to replace it or choose another --output_dir")
   if steps:
+    if steps[-1] == config.rounds and finished(out):
+      return steps[-1]  # the same run, done: run() reports its summary
     raise OutputDirError(
         f"{out.path} already holds this run; pass --resume to continue it "
         "from its latest checkpoint or --overwrite to start again")
@@ -383,7 +402,7 @@ def _config_differs(out: OutputDir, meta: dict[str, Any]) -> list[str]:
   try:
     cls = config_class()
     saved = fields.from_dict(cls, meta["config"])
-    written = fields.from_dict(cls, recorded)
+    written = from_config_json(cls, recorded)
   except (ValueError, TypeError, KeyError, AttributeError):
     return ["config.json does not read as the configuration of a run"]
   diff = fields.diff(saved, written, resumable_fields(saved) +

@@ -8,6 +8,14 @@ loop-only config (:class:`LoopConfig`), the run's scorers
 method. It runs the guarded rounds, scores the clients, writes the records,
 TensorBoard events and checkpoints, stops on a signal or a non-finite
 value, and writes the summary at the end.
+
+Its console lines are short (at most 100 columns; every evaluation in full
+is in ``metrics.jsonl``): a line per evaluation, and at least every
+:data:`LOG_SECONDS` without a live line, with the round's training loss,
+the held-out clients' accuracy and its 95% interval, the time per round
+(the median of the recent rounds: neither compilation nor an evaluation
+counts) and the time left; a second line for the test-split clients. On a
+terminal a live line (``core.progress.LiveLine``) shows every round.
 """
 
 from __future__ import annotations
@@ -22,12 +30,13 @@ import jax
 import numpy as np
 
 from augfl_jax.core import fields, tree
-from augfl_jax.core.progress import Progress, counted
+from augfl_jax.core.progress import LiveLine, Progress, counted
 from augfl_jax.training import processes
 from augfl_jax.training import resume as resuming
 from augfl_jax.training import scoring
 from augfl_jax.training.checkpoints import CheckpointError
-from augfl_jax.training.config import RunConfig, fields_to_lower
+from augfl_jax.training.config import (RunConfig, fields_to_lower,
+                                       to_config_json)
 from augfl_jax.training.events import EventWriter
 from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
                                        describe, guard_round)
@@ -75,8 +84,9 @@ class LoopConfig:
     checkpoint_every: save the state every this many rounds (0: at the
       end, on a stop and before a non-finite stop only).
     lower: the fields a non-finite round advises to lower.
-    record: the configuration as ``config.json`` (and every checkpoint)
-      records it.
+    record: the configuration as every checkpoint records it.
+    config_json: ``config.json``: ``record`` and the sections the run
+      reads (``config.to_config_json``).
     head: the first fields of ``summary.json`` (dataset, algorithm, ...).
   """
 
@@ -86,14 +96,19 @@ class LoopConfig:
   checkpoint_every: int
   lower: tuple[str, ...]
   record: dict[str, Any]
+  config_json: dict[str, Any]
   head: dict[str, Any]
 
   @classmethod
-  def of(cls, config: RunConfig, checkpoint_every: int) -> LoopConfig:
+  def of(cls, config: RunConfig, checkpoint_every: int,
+         unread: tuple[str, ...] | None = None) -> LoopConfig:
+    """The loop's config of a run of ``config`` whose sections ``unread``
+    it never reads (``Plan.unread``; default: ``unread_sections``)."""
     return cls(rounds=config.rounds, eval_every=config.eval_every,
                test_split_every=config.eval.test_split_every,
                checkpoint_every=checkpoint_every,
                lower=fields_to_lower(config), record=fields.to_dict(config),
+               config_json=to_config_json(config, unread),
                head={"dataset": config.dataset,
                      "algorithm": config.algorithm, "model": config.model,
                      "seed": config.seed, "rounds": config.rounds})
@@ -122,13 +137,17 @@ class RoundLoop:
     stop: the run's ``safety.StopSignals``.
     description: ``partition.txt``.
     digest: the data's digest, recorded in every checkpoint.
+    live: show a live line of the rounds on the terminal
+      (``core.progress.LiveLine``); the log then gets the evaluations' and
+      the first round's lines only.
   """
 
   def __init__(self, loop: LoopConfig, out, checkpoints, algo, clients,
                scorers: scoring.Scorers,
                participants: Callable[[int], np.ndarray | None],
                log: Callable[[str], None], stop, description: str,
-               digest: str):
+               digest: str, live: bool = False):
+    self.live = live
     self.loop, self.out, self.checkpoints = loop, out, checkpoints
     self.algo, self.clients, self.scorers = algo, clients, scorers
     self.participants, self.log, self.stop = participants, log, stop
@@ -179,7 +198,7 @@ class RoundLoop:
         resumed.change_records if resumed is not None else [], self.log)
     # What runs now (a resumed run may differ in resumable_fields: rounds,
     # strategy, the data's directory, ... and in the changes above).
-    out.write_json("config.json", loop.record)
+    out.write_json("config.json", loop.config_json)
     out.write_text("partition.txt", self.description + "\n")
     out.write_records("metrics.jsonl", self.history)  # none past the save
     step = guard_round(self.algo.round, self.num_clients,
@@ -188,21 +207,32 @@ class RoundLoop:
     progress = Progress(loop.rounds, done=start_round)
     self.saved_round = None if resumed is None else start_round
     first_round_seconds, last_line = None, 0.0
+    # The evaluations of this process compile at their first call: the
+    # round after it (whose time includes it) is not timed.
+    compiling = {"heldout", "test_split"}
+    timed = True
     self.events = EventWriter(out.file("tb") if out.writes else None,
                               None if resumed is None else start_round + 1)
     # Across processes, the split state keeps its layout from round to
     # round (a checkpoint is restored into the layout it was saved from).
     layout = (jax.tree.map(lambda a: a.sharding, state)
               if processes.count() > 1 else None)
+    clients = len(self.scorers.heldout_counts)
+    self.log("accuracy: " + (
+        f"the {clients} held-out clients' test-client accuracy (%), mean "
+        "[95% CI across them]" if clients > 1 else "the held-out client's "
+        "test-client accuracy (%); 1 client, no interval"))
     with self.events, open(out.file("metrics.jsonl") if out.writes
-                           else os.devnull, "a") as metrics_file:
+                           else os.devnull, "a") as metrics_file, LiveLine(
+                               self.live) as live:
       if (self.train_losses and (start_round % loop.eval_every == 0 or
                                  start_round == loop.rounds) and
           all(h["round"] != start_round for h in self.history)):
         # Stopped by a non-finite evaluation: its round is scored again
         # (with the step size the resume changed).
-        self.log(f"round {start_round:4d}/{loop.rounds}  (restored)"
-                 + self._evaluate(start_round, state, metrics_file))
+        accuracy, split = self._evaluate(start_round, state, metrics_file)
+        self._log_evaluation(f"round {start_round:4d}/{loop.rounds}",
+                             f"(restored)  accuracy {accuracy}", split)
       for r in range(start_round + 1, loop.rounds + 1):
         t0 = time.perf_counter()
         if r == start_round + 1:
@@ -223,20 +253,28 @@ class RoundLoop:
         if first_round_seconds is None:
           first_round_seconds = time.perf_counter() - t0
         self.train_losses.append(loss)
-        progress.step()
+        progress.step(timed=timed)
+        timed = True
         if (estimate := progress.long_estimate("round")):
           self.log(f"the rounds will take long: {estimate}")
         self.events.scalars(values, r, "train/")
-        line = f"round {r:4d}/{loop.rounds}  train loss {loss:.4f}"
+        head = f"round {r:4d}/{loop.rounds}"
+        timing = (f"{first_round_seconds:.2f} s (compiling included)"
+                  if r == start_round + 1 else progress.describe("round"))
+        live.update(r / loop.rounds, f"{head}  loss {loss:.4f}  {timing}")
         evaluating = loop.evaluates(r)
-        if evaluating:
-          line += self._evaluate(r, state, metrics_file, train=values)
         self.done = r
-        if (evaluating or r == start_round + 1 or
+        if evaluating:
+          accuracy, split = self._evaluate(r, state, metrics_file,
+                                           train=values)
+          scored = {"heldout"} | ({"test_split"} if split else set())
+          timed, compiling = not compiling & scored, compiling - scored
+          self._log_evaluation(head, f"loss {loss:.4f}  accuracy "
+                               f"{accuracy}  {timing}", split)
+          last_line = time.perf_counter()
+        elif r == start_round + 1 or not self.live and (
             time.perf_counter() - last_line >= LOG_SECONDS):
-          self.log(f"{line}  " + (
-              f"{first_round_seconds:.2f} s (compiling included)"
-              if r == start_round + 1 else progress.describe("round")))
+          self.log(f"{head}  loss {loss:.4f}  {timing}")
           last_line = time.perf_counter()
         if (loop.checkpoint_every and r % loop.checkpoint_every == 0 or
             r == loop.rounds):
@@ -285,13 +323,25 @@ class RoundLoop:
         f" Continue it with --resume {advice}; or check those clients' "
         "data")
 
+  def _log_evaluation(self, head: str, rest: str, split: str | None
+                     ) -> None:
+    """Logs an evaluation's line, ``head`` (``round   10/300``) and
+    ``rest``, then its test-split ``split`` (if any) on a line of its
+    own under the same ``head``."""
+    self.log(f"{head}  {rest}")
+    if split is not None:
+      self.log(f"{head}  {split}")
+
   def _evaluate(self, r: int, state: Any, metrics_file,
-                train: dict[str, float] | None = None) -> str:
+                train: dict[str, float] | None = None
+               ) -> tuple[str, str | None]:
     """Scores the held-out clients after round ``r`` (and the test-split
     clients after the last round and every ``test_split_every``): a record
-    in the history, ``metrics.jsonl`` and the events; the log line's
-    end. ``train``: round ``r``'s scalar training metrics, kept in the
-    record as ``train``."""
+    in the history, ``metrics.jsonl`` and the events. Returns the held-out
+    clients' accuracy for the round's line (``scoring.accuracy_text``) and
+    the test-split clients' words (``None`` when they were not scored).
+    ``train``: round ``r``'s scalar training metrics, kept in the record as
+    ``train``."""
     ev = self.scorers.heldout(state)
     values = scoring.scalars(ev)
     if not all(np.isfinite(v) for v in values.values()):
@@ -300,16 +350,12 @@ class RoundLoop:
                                f"{k} = {v}" for k, v in values.items()
                                if not np.isfinite(v)) + ")", ("eval.alpha",))
     interval = ev["accuracy_interval"]
-    since = self.history[-1]["round"] if self.history else 0
     record = scoring.heldout_record(ev, self.scorers.heldout_counts,
                                     self.scorers.heldout_digest, r,
                                     self.train_losses)
     if train is not None:
       record["train"] = train
-    line = (f" (mean over rounds {since + 1}-{r}: "
-            f"{record['mean_train_loss']:.4f}); test-client accuracy "
-            f"{interval.format()} (95% CI across "
-            f"{len(self.scorers.heldout_counts)} clients)")
+    split_text = None
     if self.scorers.test_split is not None and (
         self.loop.scores_test_split(r)):
       t0 = time.perf_counter()
@@ -325,9 +371,11 @@ class RoundLoop:
           "test_split_accuracy_ci_low": split["accuracy_interval"].low,
           "test_split_accuracy_ci_high": split["accuracy_interval"].high}),
                           r, "eval/")
-      line += (f"; test-split accuracy {split['accuracy_interval'].format()}"
-               f" (95% CI across {record['test_split']['clients']} clients,"
-               f" {time.perf_counter() - t0:.1f} s)")
+      clients = record["test_split"]["clients"]
+      split_text = (
+          f"test-split accuracy {scoring.accuracy_text(split['accuracy_interval'])}"
+          + (f" across {clients} clients" if clients > 1 else "")
+          + f" ({time.perf_counter() - t0:.1f} s)")
     record["seconds"] = self.offset + time.perf_counter() - self.start
     self.train_losses = []
     self.history.append(record)
@@ -337,7 +385,7 @@ class RoundLoop:
         {k: values[k] for k in ("accuracy", "accuracy_std", "loss")}
         | {"accuracy_ci_low": interval.low,
            "accuracy_ci_high": interval.high}), r, "eval/")
-    return line
+    return scoring.accuracy_text(interval), split_text
 
   def _finish(self, start_round: int, first_round_seconds: float | None
              ) -> dict[str, Any]:
@@ -357,11 +405,12 @@ class RoundLoop:
       summary["resume_changes"] = self.change_records
     out.write_json("summary.json", summary)
     final = self.history[-1]
-    self.log(f"final test-client accuracy {scoring.format_record(final)} "
-             f"after {counted(loop.rounds, 'round')} "
-             f"({self.offset + session:.1f} s)" + (
-                 f"; test-split accuracy "
-                 f"{scoring.format_record(final['test_split'])}"
-                 if "test_split" in final else "")
-             + f"; results in {out.path}")
+    self.log(f"final test-client accuracy {scoring.format_record(final)}, "
+             f"{counted(loop.rounds, 'round')} in "
+             f"{self.offset + session:.1f} s")
+    if "test_split" in final:
+      self.log("final test-split accuracy "
+               f"{scoring.format_record(final['test_split'])}")
+    self.log(f"results in {out.path} (summary.json; every evaluation in "
+             "full: metrics.jsonl)")
     return summary

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from augfl_jax.core import jit
+from augfl_jax.core.progress import some
 
 __all__ = ["guard_round", "describe", "StopSignals", "NonFiniteError",
            "RunInterrupted"]
@@ -97,8 +98,10 @@ def guard_round(round_fn: Callable[..., tuple[Any, dict[str, jax.Array]]],
 def describe(flags: Any, participants: np.ndarray | None,
              metrics: dict[str, Any]) -> str:
   """One sentence naming what was non-finite: metrics (``client_loss`` by
-  training-client id, with the values), state leaves by path and the rows
-  (training clients) of the client-stacked ones."""
+  training-client id, with its non-finite values), state leaves by path
+  and the rows (training clients) of the client-stacked ones; at most a
+  handful of clients and of leaves by name, then how many others
+  (``clients 3, 7, 12 and 29 others``: ``core.progress.some``)."""
   state_flags, metric_flags = jax.device_get(flags)
   metrics = jax.device_get(metrics)
   parts = []
@@ -109,9 +112,10 @@ def describe(flags: Any, participants: np.ndarray | None,
     if name == "client_loss":
       ids = (np.arange(bad.shape[0]) if participants is None
              else np.asarray(participants))
-      values = np.asarray(metrics[name])[bad]
-      parts.append(f"client_loss of training clients {ids[bad].tolist()} "
-                   f"({', '.join(str(v) for v in values)})")
+      values = dict.fromkeys(str(v) for v in np.asarray(metrics[name])[bad])
+      parts.append(f"client_loss of training "
+                   f"{'clients' if bad.sum() > 1 else 'client'} "
+                   f"{some(ids[bad].tolist())} ({', '.join(values)})")
     else:
       parts.append(f"{name} = {metrics[name]}" if bad.ndim == 0
                    else f"{name} (non-finite entries)")
@@ -124,10 +128,9 @@ def describe(flags: Any, participants: np.ndarray | None,
     if bad.ndim == 1:
       rows.update(np.flatnonzero(bad).tolist())
   if paths:
-    shown = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more"
-                                    if len(paths) > 4 else "")
-    parts.append(f"parameters/state {shown}" + (
-        f" (rows of training clients {sorted(rows)})" if rows else ""))
+    parts.append(f"parameters/state {some(paths)}" + (
+        f" (rows of training {'clients' if len(rows) > 1 else 'client'} "
+        f"{some(sorted(rows))})" if rows else ""))
   return "; ".join(parts)
 
 

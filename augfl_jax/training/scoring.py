@@ -21,10 +21,11 @@ from typing import Any, Callable
 import numpy as np
 
 from augfl_jax.core import evaluation, intervals, tree
+from augfl_jax.core.progress import counted
 from augfl_jax.training import processes
 
-__all__ = ["Scorers", "finite", "format_record", "heldout_record",
-           "scalars", "summary", "test_split_record"]
+__all__ = ["Scorers", "accuracy_text", "finite", "format_record",
+           "heldout_record", "scalars", "summary", "test_split_record"]
 
 Metrics = dict[str, Any]
 
@@ -116,14 +117,25 @@ def test_split_record(ev: Metrics, digest: str) -> dict[str, Any]:
           "clients_digest": digest}
 
 
+def accuracy_text(interval: intervals.Interval) -> str:
+  """``"89.10 [88.30, 89.90]"`` (%), or ``"89.10 (1 client, no
+  interval)"`` where the interval cannot be computed (fewer than 2
+  clients)."""
+  if math.isnan(interval.low):
+    return f"{interval.format()} ({counted(interval.n, 'client')}, no interval)"
+  return interval.format()
+
+
 def format_record(record: dict[str, Any]) -> str:
-  """``"89.10 [88.30, 89.90] (95% CI across 1000 clients)"`` of a
-  record."""
+  """``"89.10 [88.30, 89.90] (95% CI across 1000 clients)"`` of a record
+  (:func:`accuracy_text` without an interval)."""
   low, high = (math.nan if v is None else v
                for v in record.get("accuracy_ci") or (None, None))
   clients = record.get("clients", len(record.get("client_accuracy", ())))
-  return (intervals.Interval(record["accuracy"], low, high, clients).format()
-          + f" (95% CI across {clients} clients)")
+  interval = intervals.Interval(record["accuracy"], low, high, clients)
+  if math.isnan(low):
+    return accuracy_text(interval)
+  return f"{interval.format()} (95% CI across {clients} clients)"
 
 
 def summary(head: dict[str, Any], history: list[dict[str, Any]],
