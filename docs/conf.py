@@ -30,6 +30,7 @@ import types
 
 from docutils import nodes
 from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.util import inspect as sphinx_inspect
 from sphinx.util.docutils import SphinxDirective
@@ -243,8 +244,35 @@ class PublicNames(SphinxDirective):
     return holder.children
 
 
+def _repository_links(app, doctree) -> None:
+  """``doctree-read``: a page's Markdown link to a file of the repository
+  outside docs/ (``../results/fashion_mnist/README.md``, ``../BUILD.md``),
+  which GitHub follows, becomes a link to a copy of that file in the HTML
+  (a download, as MyST makes a link to an image), not a missing page. It
+  runs before Sphinx collects the page's downloads."""
+  source_dir = os.path.dirname(app.env.doc2path(app.env.docname))
+  for node in list(doctree.findall(addnodes.pending_xref)):
+    target = node.get("reftarget", "")
+    if (node.get("reftype") != "myst" or node.get("refdomain") != "doc"
+        or target in app.env.found_docs):
+      continue
+    for suffix in app.config.source_suffix:
+      path = os.path.join(app.srcdir, target + suffix)
+      if (os.path.isfile(path) and
+          os.path.commonpath([path, app.srcdir]) != str(app.srcdir)):
+        link = addnodes.download_reference(
+            refdomain=None, reftarget=os.path.relpath(path, source_dir),
+            refdoc=node.get("refdoc"), reftype="myst",
+            refexplicit=node.get("refexplicit"))
+        link.source, link.line = node.source, node.line
+        link.extend(node.children)
+        node.replace_self(link)
+        break
+
+
 def setup(app):
   app.connect("builder-inited", _comment_docs)
+  app.connect("doctree-read", _repository_links, priority=400)
   app.connect("autodoc-skip-member", _skip)
   app.add_directive("public-names", PublicNames)
   return {"parallel_read_safe": True}

@@ -107,3 +107,43 @@ def test_docs_run_commands_parse(page):
   """A page of docs/ gives ``experiments.run`` only flags it takes."""
   for args in run_commands(read(page)):
     check_run_flags(args)
+
+
+def _slug(heading):
+  """The anchor GitHub (and MyST, ``myst_heading_anchors``) gives a
+  Markdown heading: lower case, punctuation but ``-`` and ``_`` dropped,
+  spaces as ``-``."""
+  heading = re.sub(r"[`*]", "", heading.strip().lower())
+  return re.sub(r"[^\w\- ]", "", heading).replace(" ", "-")
+
+
+def _without_code(text):
+  text = re.sub(r"```.*?```", "", text, flags=re.S)
+  return re.sub(r"`[^`\n]*`", "", text)
+
+
+def test_relative_links_of_the_markdown_pages_resolve():
+  """A relative link of README, BUILD.md, docs/, results/ or
+  benchmarks/'s Markdown pages names a file of the checkout, and its
+  ``#anchor`` a heading of that page: a section moved to another page
+  leaves no link behind."""
+  pages = ["README.md", "BUILD.md"] + docs_pages() + sorted(
+      os.path.relpath(p, ROOT) for folder in ("results", "benchmarks")
+      for p in glob.glob(os.path.join(ROOT, folder, "**", "*.md"),
+                         recursive=True))
+  broken = []
+  for page in pages:
+    for target in re.findall(r"\]\(([^)\s]+)\)", _without_code(read(page))):
+      if re.match(r"[a-z]+:", target):  # https:, mailto:
+        continue
+      path, _, anchor = target.partition("#")
+      where = os.path.normpath(os.path.join(os.path.dirname(page), path)
+                               if path else page)
+      if not os.path.exists(os.path.join(ROOT, where)):
+        broken.append(f"{page}: {target} (no such file)")
+      elif anchor and where.endswith(".md") and anchor not in {
+          _slug(h) for h in re.findall(
+              r"^#+ (.*)$", re.sub(r"```.*?```", "", read(where),
+                                   flags=re.S), re.M)}:
+        broken.append(f"{page}: {target} (no such heading)")
+  assert len(pages) > 10 and broken == []

@@ -18,7 +18,7 @@ clients every ``config.eval_every`` rounds and writes to ``output_dir``:
 * ``changes.jsonl``: the step sizes a resumed run changed
   (``resume_changes``), one record per such resume.
 
-What a run guarantees (README, "What a run guarantees"): one writer per
+What a run guarantees (docs/guarantees.md): one writer per
 directory (a lock), no file it did not write is ever removed or reused,
 JSON files are replaced atomically, checkpoints are verified on restore
 (the previous one is used, with a message, when the newest is damaged),
