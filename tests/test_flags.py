@@ -250,7 +250,9 @@ def test_what_a_run_does_not_read_does_not_change_it(tmp_path):
             for line in open(tmp_path / name / "metrics.jsonl")]
   changed = {"augfl.lam": 0.0, "augfl.alpha": 0.5, "pm.model": "mlp",
              "pm.epochs": 1, "crd.nce_k": 7, "fedbc.lr": 1.0,
-             "per_fedavg.beta": 0.5, "fedoa.lam": 3.0}
+             "per_fedavg.beta": 0.5, "fedoa.lam": 3.0,
+             "fedavgm.server_momentum": 0.5, "fedadam.server_lr": 0.5,
+             "fedyogi.tau": 0.5}
   assert {n.partition(".")[0] for n in changed} == set(
       training.unread_sections(training.validate(training.RunConfig(
           algorithm="fedavg")))) - {"fedproto", "fedpcl", "fedcp", "fedit"}

@@ -30,6 +30,8 @@ def pm_root(tmp_path_factory):
 # built with it halved must differ from those of the run's section.
 ROUND_FIELD = {"augfl": "augfl.alpha", "kt_only": "augfl.lam",
                "fedavg": "fedavg.lr", "fedlp": "fedavg.lr",
+               "fedavgm": "fedavgm.server_lr", "fedadam": "fedadam.server_lr",
+               "fedyogi": "fedyogi.server_lr",
                "per_fedavg": "per_fedavg.beta", "fedbc": "fedbc.lr",
                "per_fedbc": "fedbc.beta", "fedproto": "fedproto.lr",
                "fedpcl": "fedpcl.lr", "fedcp": "fedcp.lr",

@@ -6,6 +6,7 @@ Skipped where the files are not installed; ``.ci/run`` installs them and sets
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from augfl_jax import data, training
+from augfl_jax.core import fields
 
 
 def _fashion_mnist_or_skip() -> data.Location:
@@ -83,3 +85,24 @@ def test_three_rounds_of_fedavg(tmp_path):
   assert split["clients"] == 1000 and "t10k" in split["source"]
   width = lambda ci: ci[1] - ci[0]
   assert width(split["accuracy_ci"]) < width(summary["final_accuracy_ci"]) / 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fedadam", "fedyogi"])
+def test_three_rounds_of_each_server_optimizer(tmp_path, algorithm):
+  """FedAvgM, FedAdam and FedYogi at their defaults: three rounds on the
+  real data (the test-split scoring, FedAvg's test above, left out), the
+  held-out accuracy above chance and the training loss falling round by
+  round."""
+  _fashion_mnist_or_skip()
+  config = fields.replace(
+      training.RunConfig(dataset="fashion_mnist", algorithm=algorithm,
+                         rounds=3, eval_every=1),
+      **{"eval.test_split": "off"})
+  summary = training.run(config, str(tmp_path), log=lambda s: None,
+                         checkpoint_every=0)
+  assert 0.1 < summary["final_accuracy"] <= 1.0  # above chance
+  losses = [json.loads(line)["mean_train_loss"]
+            for line in open(tmp_path / "metrics.jsonl")]
+  assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+  assert losses[2] < losses[1] < losses[0], losses

@@ -19,7 +19,8 @@ from augfl_jax.core import fields
 # The roles of the paper's methods (see base.PM_ROLES).
 ROLES = {
     "augfl": "regularizer", "kt_only": "regularizer",
-    "fedavg": "none", "per_fedavg": "none", "fedbc": "none",
+    "fedavg": "none", "fedavgm": "none", "fedadam": "none",
+    "fedyogi": "none", "per_fedavg": "none", "fedbc": "none",
     "per_fedbc": "none", "fedproto": "none", "fedcp": "none",
     "fedlp": "initialization", "fedpcl": "encoder",
     "fedit": "backbone", "fedoa": "backbone",
@@ -28,6 +29,7 @@ ROLES = {
 
 # The labels of the paper's methods in tables and plots.
 LABELS = {"augfl": "AugFL w/ PM", "kt_only": "KT-only", "fedavg": "FedAvg",
+          "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi",
           "fedlp": "FedLP", "per_fedavg": "Per-FedAvg", "fedbc": "FedBC",
           "per_fedbc": "Per-FedBC", "fedproto": "FedProto",
           "fedpcl": "FedPCL", "fedcp": "FedCP", "fedit": "FedIT",

@@ -384,7 +384,8 @@ def test_partial_participation_touches_only_participants(pm_dir, algorithm):
   # Methods that keep per-client state update the participants' rows
   # (KT-only trains no client; FedAvg-like methods keep no client state).
   assert participants_changed == (algorithm not in (
-      "fedavg", "fedlp", "per_fedavg", "fedit", "kt_only"))
+      "fedavg", "fedlp", "fedavgm", "fedadam", "fedyogi", "per_fedavg",
+      "fedit", "kt_only"))
 
 
 # ----------------------------------------------------------------------------

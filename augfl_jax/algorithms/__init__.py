@@ -38,7 +38,7 @@ import flax.linen as nn
 import jax
 
 from augfl_jax.algorithms import (augfl, fedavg, fedbc, fedcp, fedit, fedoa,
-                                  fedpcl, fedproto, per_fedavg)
+                                  fedopt, fedpcl, fedproto, per_fedavg)
 from augfl_jax.algorithms.base import (CLIENT_SIZE_ROLES, PM_ROLES,
                                        AlgorithmSpec, FederatedAlgorithm,
                                        Regularizer)
@@ -49,8 +49,8 @@ __all__ = ["AlgorithmSpec", "CLIENT_SIZE_ROLES", "FederatedAlgorithm",
            "register", "spec"]
 
 # The library's methods, in the order of the registry (and of --help).
-MODULES = (augfl, fedavg, per_fedavg, fedbc, fedproto, fedpcl, fedcp, fedit,
-           fedoa)
+MODULES = (augfl, fedavg, fedopt, per_fedavg, fedbc, fedproto, fedpcl, fedcp,
+           fedit, fedoa)
 _REGISTRY: dict[str, AlgorithmSpec] = {}
 # The types of a config's fields, each a flag (experiments.cli).
 _FLAG_TYPES = (bool, int, float, str, tuple)

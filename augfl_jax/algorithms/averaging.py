@@ -3,9 +3,21 @@
 ``run_participants`` is the client half every baseline round shares: pick the
 participants' rows, give each its key (seed, round, client id) and run the
 client function over the client axis. ``make_averaging_round`` (FedAvg,
-Per-FedAvg): each participating client runs ``local_update(params, client,
-key)`` from the server model; the server takes the sample-weighted mean of the
-returned models over the participants (``|D_i|`` weights, McMahan et al. 2017).
+FedLP, Per-FedAvg, FedAvgM, FedAdam, FedYogi): each participating client runs
+``local_update(params, client, key)`` from the server model; the server takes
+the sample-weighted mean of the returned models over the participants
+(``|D_i|`` weights, McMahan et al. 2017).
+
+Server optimizer (FedOpt, Reddi et al. 2021; FedJAX's
+``federated_averaging(..., server_optimizer)``): given an optax
+``GradientTransformation``, the server treats the mean update as a gradient,
+``Delta = params - mean``, and steps with it: ``updates, opt_state =
+opt.update(Delta, opt_state, params)``, ``params = optax.apply_updates(params,
+updates)``; its state is ``opt_state`` of :class:`ServerOptState`. Without
+one (FedAvg's SGD at step 1.0) the new server model IS the mean, computed
+directly (``p - 1.0 * (p - m)`` is not ``m`` to the last bit) in the
+unchanged :class:`AveragingState`, so FedAvg's rounds and checkpoints are
+what they were.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import optax
 
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
@@ -26,7 +39,7 @@ from augfl_jax.core.types import ClientData, Params, PRNGKey
 __all__ = [
     "AveragingState", "client_keys", "constructor", "heldout_keys",
     "init_state", "LocalUpdate", "loss_metrics", "make_averaging_round",
-    "participant_keys", "run_participants"
+    "participant_keys", "run_participants", "server_step", "ServerOptState"
 ]
 
 # local_update(server_params, one_client_data, key) -> (client_params, loss)
@@ -43,9 +56,43 @@ class AveragingState:
   round: jax.Array
 
 
-def init_state(params: Params, key: PRNGKey) -> AveragingState:
-  return AveragingState(params=params, key=key,
-                        round=jnp.zeros((), jnp.int32))
+@flax.struct.dataclass
+class ServerOptState(AveragingState):
+  """:class:`AveragingState` of a round with a server optimizer; adds
+  ``opt_state``, the optimizer's state (``server_optimizer.init(params)``)."""
+
+  opt_state: optax.OptState
+
+
+def init_state(params: Params, key: PRNGKey,
+               server_optimizer: optax.GradientTransformation | None = None
+              ) -> AveragingState:
+  """The state at round 0: an :class:`AveragingState`, or a
+  :class:`ServerOptState` with ``server_optimizer.init(params)`` when there
+  is a server optimizer."""
+  state = AveragingState(params=params, key=key,
+                         round=jnp.zeros((), jnp.int32))
+  if server_optimizer is None:
+    return state
+  return ServerOptState(params=state.params, key=state.key,
+                        round=state.round,
+                        opt_state=server_optimizer.init(params))
+
+
+def server_step(state: AveragingState, mean: Params,
+                server_optimizer: optax.GradientTransformation | None
+               ) -> AveragingState:
+  """``state`` with the server model after a round whose clients' mean
+  model is ``mean``: the mean itself without a server optimizer, else one
+  step of it on the pseudo-gradient ``Delta = params - mean`` (rounds left
+  to the caller)."""
+  if server_optimizer is None:
+    return state.replace(params=mean)
+  delta = optax.tree.sub(state.params, mean)
+  updates, opt_state = server_optimizer.update(delta, state.opt_state,
+                                               state.params)
+  return state.replace(params=optax.apply_updates(state.params, updates),
+                       opt_state=opt_state)
 
 
 def client_keys(key: PRNGKey, round_: jax.Array,
@@ -114,11 +161,16 @@ def loss_metrics(losses: jax.Array, weights: jax.Array
 
 def make_averaging_round(
     local_update: LocalUpdate,
-    strategy: str | clients_lib.ClientStrategy | None = None):
+    strategy: str | clients_lib.ClientStrategy | None = None,
+    server_optimizer: optax.GradientTransformation | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients`` holds all ``C`` training clients; ``participants`` (``[K]``
-  int32, default all) picks who trains this round. Metrics: ``loss`` (the
+  int32, default all) picks who trains this round. The server model becomes
+  the participants' sample-weighted mean model, or, with a
+  ``server_optimizer`` (any optax ``GradientTransformation``), takes its
+  step on the mean update (:func:`server_step`; the state is then
+  ``init_state(params, key, server_optimizer)``). Metrics: ``loss`` (the
   participants' local training loss, sample-weighted) and ``client_loss``
   (``[K]``).
   """
@@ -129,20 +181,30 @@ def make_averaging_round(
     (new_params, losses), weights, _ = run_participants(
         lambda c: local_update(state.params, c["data"], c["key"]), state,
         clients, participants, strategy)
-    params = tree.weighted_mean(new_params, weights)
-    return (state.replace(params=params, round=state.round + 1),
+    state = server_step(state, tree.weighted_mean(new_params, weights),
+                        server_optimizer)
+    return (state.replace(round=state.round + 1),
             loss_metrics(losses, weights))
 
   return tree.checked_round(jax.jit(round_fn), position=2)
 
 
-def constructor(name: str, make_round: Callable
+def constructor(name: str, make_round: Callable,
+                server_optimizer: (optax.GradientTransformation |
+                                   Callable[[Any], optax.GradientTransformation]
+                                   | None) = None
                ) -> Callable[..., base.FederatedAlgorithm]:
   """The ``AlgorithmSpec.build`` of the model-averaging method ``name``.
 
   ``build(model, config, *, strategy=None, eval_alpha=0.03, eval_steps=1,
   pm=None)``: rounds ``make_round(loss_fn, config, strategy)`` on
   ``AveragingState``; held-out clients fast-adapt the global model.
+
+  ``server_optimizer``: an optax ``GradientTransformation``, or a function
+  of the config returning one (FedAdam's, from its section), applied to the
+  mean update: rounds ``make_round(loss_fn, config, strategy,
+  server_optimizer=opt)`` on ``init_state(params, key, opt)``. None: the
+  mean, as FedAvg.
   """
 
   def build(model: nn.Module, config: Any, *, strategy: base.Strategy = None,
@@ -150,9 +212,12 @@ def constructor(name: str, make_round: Callable
             pm: None = None) -> base.FederatedAlgorithm:
     base.no_pm(name, pm)
     strategy = clients_lib.as_strategy(strategy)
+    opt = (server_optimizer(config) if callable(server_optimizer)
+           else server_optimizer)
+    extra = {} if opt is None else {"server_optimizer": opt}
     return base.FederatedAlgorithm(
-        name, lambda params, num_clients, key: init_state(params, key),
-        make_round(models.make_loss_fn(model), config, strategy),
+        name, lambda params, num_clients, key: init_state(params, key, opt),
+        make_round(models.make_loss_fn(model), config, strategy, **extra),
         base.fast_adapt_evaluate(model, strategy, eval_alpha=eval_alpha,
                                  eval_steps=eval_steps),
         lambda state: state.params)

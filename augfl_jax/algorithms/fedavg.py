@@ -9,11 +9,19 @@ model (``augfl_jax.core.evaluation``).
 
 FedLP is FedAvg started from a client-size model pretrained on the server
 split (the caller passes it as the initial params).
+
+The server's new model is the participants' sample-weighted mean: SGD of
+step 1.0 on the mean update, computed as the mean itself. ``make_round``
+takes any optax server optimizer instead (``server_optimizer``); FedAvgM,
+FedAdam and FedYogi are those configurations
+(:mod:`augfl_jax.algorithms.fedopt`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import optax
 
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import local
@@ -24,15 +32,17 @@ from augfl_jax.core.types import ClientData, LossFn, Params, PRNGKey
 
 __all__ = [
     "fedavg", "FedAvgConfig", "fedlp", "init_state", "local_update",
-    "make_round", "SPECS", "TRAIN_ON"
+    "LocalSGDConfig", "make_round", "SPECS", "TRAIN_ON"
 ]
 
 TRAIN_ON = ("all", "support")
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvgConfig(fields.Config):
-  """Hyper-parameters of FedAvg (and FedLP)."""
+class LocalSGDConfig(fields.Config):
+  """FedAvg's clients: E epochs of minibatch SGD on a client's data (the
+  config of every method that runs them, FedAvg's and those of
+  :mod:`augfl_jax.algorithms.fedopt`)."""
 
   lr: float = field(0.05, "client SGD step size", gt=0, resume="named")
   local_epochs: int = field(1, "local epochs E per round", ge=1)
@@ -43,7 +53,13 @@ class FedAvgConfig(fields.Config):
       choices=TRAIN_ON)
 
 
-def local_update(loss_fn: LossFn, config: FedAvgConfig, params: Params,
+@dataclasses.dataclass(frozen=True)
+class FedAvgConfig(LocalSGDConfig):
+  """Hyper-parameters of FedAvg (and FedLP): its clients' (the server
+  averages)."""
+
+
+def local_update(loss_fn: LossFn, config: LocalSGDConfig, params: Params,
                  client: ClientData, key: PRNGKey):
   """One client's E epochs of SGD on D_i = D_i^s ∪ D_i^q; returns (params, loss)."""
   data = (client.support if config.train_on == "support" else
@@ -55,12 +71,17 @@ def local_update(loss_fn: LossFn, config: FedAvgConfig, params: Params,
 init_state = averaging.init_state
 
 
-def make_round(loss_fn: LossFn, config: FedAvgConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
-  """Jitted FedAvg ``round_fn(state, clients, participants=None)``."""
+def make_round(loss_fn: LossFn, config: LocalSGDConfig,
+               strategy: str | clients_lib.ClientStrategy | None = None,
+               server_optimizer: optax.GradientTransformation | None = None):
+  """Jitted FedAvg ``round_fn(state, clients, participants=None)``; with a
+  ``server_optimizer``, the server steps with it on the mean update
+  (``averaging.make_averaging_round``; its state from
+  ``init_state(params, key, server_optimizer)``)."""
   strategy = clients_lib.as_strategy(strategy)
   return averaging.make_averaging_round(
-      lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
+      lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy,
+      server_optimizer)
 
 
 # The constructors (``base.AlgorithmSpec.build``): FedLP is FedAvg whose

@@ -97,11 +97,15 @@ init_state = averaging.init_state
 
 
 def make_round(loss_fn: LossFn, config: PerFedAvgConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
-  """Jitted Per-FedAvg ``round_fn(state, clients, participants=None)``."""
+               strategy: str | clients_lib.ClientStrategy | None = None,
+               server_optimizer: optax.GradientTransformation | None = None):
+  """Jitted Per-FedAvg ``round_fn(state, clients, participants=None)``;
+  with a ``server_optimizer``, the server steps with it on the mean update
+  (``averaging.make_averaging_round``)."""
   strategy = clients_lib.as_strategy(strategy)
   return averaging.make_averaging_round(
-      lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy)
+      lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy,
+      server_optimizer)
 
 
 per_fedavg = averaging.constructor("per_fedavg", make_round)

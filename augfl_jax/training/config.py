@@ -32,7 +32,7 @@ from typing import Any
 
 from augfl_jax import algorithms, models
 from augfl_jax.algorithms import (augfl, fedavg, fedbc, fedcp, fedit, fedoa,
-                                  fedpcl, fedproto, per_fedavg)
+                                  fedopt, fedpcl, fedproto, per_fedavg)
 from augfl_jax.core import client_axis, fields
 from augfl_jax.core.fields import field
 from augfl_jax.transfer import crd
@@ -177,9 +177,9 @@ class RunConfig(fields.Config):
   """
 
   algorithm: str = field("augfl", "the method (augfl_jax.algorithms."
-                         "REGISTRY): augfl, kt_only, fedavg, per_fedavg, "
-                         "fedbc, per_fedbc, fedlp, fedproto, fedpcl, fedcp, "
-                         "fedit, fedoa")
+                         "REGISTRY): augfl, kt_only, fedavg, fedavgm, "
+                         "fedadam, fedyogi, per_fedavg, fedbc, per_fedbc, "
+                         "fedlp, fedproto, fedpcl, fedcp, fedit, fedoa")
   dataset: str = field(
       "digits", "digits, synthetic (embedded: no files); fashion_mnist, "
       "mnist, kmnist, emnist (= emnist/letters, the paper's EMNIST, 26 "
@@ -234,6 +234,17 @@ class RunConfig(fields.Config):
       help="AugFL and KT-only (Eqs. 7, 10-13); lam 0 is AugFL w/o PM")
   fedavg: fedavg.FedAvgConfig = field(default_factory=fedavg.FedAvgConfig,
                                       help="FedAvg and FedLP")
+  fedavgm: fedopt.FedAvgMConfig = field(
+      default_factory=fedopt.FedAvgMConfig,
+      help="FedAvgM: FedAvg's clients, server SGD with momentum")
+  fedadam: fedopt.FedAdamConfig = field(
+      default_factory=fedopt.FedAdamConfig,
+      help="FedAdam: FedAvg's clients, Adam on the server (Reddi et al. "
+      "2021)")
+  fedyogi: fedopt.FedYogiConfig = field(
+      default_factory=fedopt.FedYogiConfig,
+      help="FedYogi: FedAvg's clients, Yogi on the server (Reddi et al. "
+      "2021)")
   per_fedavg: per_fedavg.PerFedAvgConfig = field(
       default_factory=per_fedavg.PerFedAvgConfig, help="Per-FedAvg")
   fedbc: fedbc.FedBCConfig = field(
