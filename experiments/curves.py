@@ -61,8 +61,10 @@ class Curve:
   Attributes:
     metrics: ``accuracy``, ``accuracy_ci_low``, ``accuracy_ci_high`` (the
       held-out clients' 95% interval), ``test_loss``, ``train_loss`` (the
-      mean over the rounds since the previous evaluation): those all its
-      runs have, as arrays ``[runs, len(rounds)]``.
+      mean over the rounds since the previous evaluation) and
+      ``train.<name>`` (the evaluated round's own training metrics, a
+      record's ``train``): those all its runs have, as arrays ``[runs,
+      len(rounds)]``.
     test_split: ``test_split_accuracy``, ``test_split_ci_low``,
       ``test_split_ci_high`` ``[runs, len(test_split_rounds)]``, at the
       rounds where every run scored its test-split clients.
@@ -312,6 +314,11 @@ def _curve(label: str, algorithm: str, method: str, runs: list, folded
       "test_loss": lambda r: r["test_loss"],
       # written as train_loss before it was named for what it is
       "train_loss": lambda r: r.get("mean_train_loss", r.get("train_loss"))})
+  train_keys = set.intersection(*(set(b[t].get("train") or ())
+                                   for b in by_round for t in common))
+  metrics.update(_columns(run_dirs, by_round, common, {
+      f"train.{k}": (lambda r, k=k: r["train"][k])
+      for k in sorted(train_keys)}))
   scored = [t for t in common if all("test_split" in b[t] for b in by_round)]
   test_split = _columns(run_dirs, by_round, scored, {
       "test_split_accuracy": lambda r: r["test_split"]["accuracy"],

@@ -34,6 +34,12 @@ the legend under them. Every panel spans the runs' rounds, from 0 to the
 last; a curve of fewer than four points is drawn as markers with error
 bars, those of curves at one round side by side.
 
+``train.<metric>`` (named in ``--panels`` only) draws one of the training
+metrics a run records for each evaluated round (``metrics.jsonl``'s
+``train``; every round's with ``--eval_every=1``), e.g. AugFL's
+``train.server_reg_norm``. ``--table=FILE.md`` also writes the values drawn,
+a row per round and a column per curve, each with its band.
+
 Bands: a curve of several seeds is their mean with its 95% interval across
 seeds (Student's t, ``n - 1`` degrees of freedom); a curve of one run is
 the run's accuracy with its 95% interval across clients (as
@@ -47,6 +53,7 @@ from __future__ import annotations
 import logging as std_logging
 import math
 import os
+import pathlib
 import sys
 import textwrap
 from typing import Sequence
@@ -104,17 +111,34 @@ PANELS = {
 DPI = 150  # of a raster format (.png, .jpg, ...)
 
 
+# A panel of one of a round's own training metrics (a record's ``train``,
+# e.g. AugFL's ``server_reg_norm``) is named ``train.<metric>``.
+TRAIN = "train."
+
+
+def panel(name: str) -> tuple[str, str, str]:
+  """``(metric, title, y-axis label)`` of the panel ``name``: one of
+  :data:`PANELS`, or ``train.<metric>``, the evaluated rounds' own value of
+  a training metric (titled by its name)."""
+  if name.startswith(TRAIN) and len(name) > len(TRAIN):
+    return name, name[len(TRAIN):], "value in the round"
+  return PANELS[name]
+
+
 def check_panels(names: Sequence[str]) -> tuple[str, ...]:
-  """``names`` (each of :data:`PANELS`), in the order given, once each.
+  """``names`` (each of :data:`PANELS` or ``train.<metric>``), in the order
+  given, once each.
 
   Raises:
     PlotError: an unknown panel (one line naming the known ones).
   """
   for name in names:
-    if name not in PANELS:
+    if name not in PANELS and not (name.startswith(TRAIN)
+                                   and len(name) > len(TRAIN)):
       raise PlotError(f"--panels: no panel {name!r}: name some of "
-                      f"{', '.join(PANELS)} (e.g. --panels=accuracy,"
-                      "train_loss)")
+                      f"{', '.join(PANELS)}, or train.<metric> for a "
+                      "training metric the runs record (e.g. --panels="
+                      "accuracy,train_loss)")
   return tuple(dict.fromkeys(names))
 
 
@@ -224,10 +248,16 @@ def _source(curve: Curve, metric: str) -> tuple[list[int], dict]:
   return curve.rounds, curve.metrics
 
 
-def available_panels(curves: Sequence[Curve]) -> tuple[str, ...]:
-  """The :data:`PANELS` that some of ``curves`` have values for."""
-  return tuple(name for name, (metric, _, _) in PANELS.items()
-               if any(metric in _source(c, metric)[1] for c in curves))
+def available_panels(curves: Sequence[Curve], train: bool = False
+                    ) -> tuple[str, ...]:
+  """The :data:`PANELS` that some of ``curves`` have values for, and with
+  ``train`` the ``train.<metric>`` ones too."""
+  names = [name for name, (metric, _, _) in PANELS.items()
+           if any(metric in _source(c, metric)[1] for c in curves)]
+  if train:
+    names += sorted({k for c in curves for k in c.metrics
+                     if k.startswith(TRAIN)})
+  return tuple(names)
 
 
 def _cells(curves: Sequence[Curve], panels: Sequence[str]) -> list[tuple]:
@@ -243,7 +273,7 @@ def _cells(curves: Sequence[Curve], panels: Sequence[str]) -> list[tuple]:
       methods.setdefault(c.algorithm, set()).add(c.method or c.algorithm)
   cells = []
   for name in panels:
-    metric, title, ylabel = PANELS[name]
+    metric, title, ylabel = panel(name)
     if name == "train_loss" and len(methods) > 1:
       cells += [(metric, f"{title}: " + (
           next(iter(names)) if len(names) == 1 else algorithm), ylabel,
@@ -324,8 +354,10 @@ def _draw_panel(ax, curves: Sequence[Curve], cell: tuple, colors,
   ax.set(title=title, xlabel="round", ylabel=ylabel)
   ax.xaxis.set_major_locator(ticker.MaxNLocator(
       5, steps=[1, 2, 2.5, 5, 10], integer=True))
-  if metric == "train_loss" and positive:
+  if (metric == "train_loss" or metric.startswith(TRAIN)) and positive:
     ax.set_yscale("log")
+    lowest = min(np.nanmin(line.get_ydata()) for _, line, *_ in drawn)
+    ax.set_ylim(bottom=lowest / 3)  # a band's end at 0 is off the axis
     ax.yaxis.set_major_formatter(_PlainLog())
     ax.yaxis.set_minor_formatter(_PlainLog(labelOnlyBase=False,
                                            minor_thresholds=(1, 0.4)))
@@ -349,8 +381,8 @@ def make_figure(curves: Sequence[Curve], title: str = "",
   Raises:
     PlotError: a bad option, or a panel that no curve has values for.
   """
-  have = available_panels(curves)
-  panels = check_panels(panels) if panels else have
+  panels = check_panels(panels) if panels else available_panels(curves)
+  have = available_panels(curves, train=True)
   missing = [p for p in panels if p not in have]
   if missing:
     raise PlotError(f"--panels: the runs have no {missing[0]} values (they "
@@ -384,6 +416,49 @@ def make_figure(curves: Sequence[Curve], title: str = "",
     if title:
       fig.suptitle(title)
   return fig
+
+
+def _number(value: float) -> str:
+  return "–" if not math.isfinite(value) else f"{value:.4g}" if abs(
+      value) < 1e4 else f"{value:.0f}"
+
+
+def values_table(curves: Sequence[Curve], panels: Sequence[str] = ()
+                 ) -> str:
+  """The values the figure of ``panels`` (default: the available ones)
+  draws, as Markdown: per panel, a row per round and a column per curve
+  that has it, each cell the line's value and, in brackets, its band
+  (:func:`band`: the 95% interval across seeds, or a single run's across
+  clients)."""
+  panels = check_panels(panels) if panels else available_panels(curves)
+  lines = []
+  for name in panels:
+    metric, title, ylabel = panel(name)
+    scale = 100.0 if "accuracy" in metric else 1.0
+    columns = {}
+    for curve in curves:
+      rounds, source = _source(curve, metric)
+      if metric in source:
+        mean, low, high, _ = band(source, metric, scale)
+        columns[legend_label(curve)] = {
+            t: _number(m) + ("" if low is None else
+                             f" [{_number(lo)}, {_number(hi)}]")
+            for t, m, lo, hi in zip(rounds, mean, *(
+                (mean, mean) if low is None else (low, high)))}
+    if not columns:
+      continue
+    lines += [f"{title}: {ylabel}", "",
+              "| round | " + " | ".join(columns) + " |",
+              "|---" * (len(columns) + 1) + "|"]
+    for t in sorted(set().union(*columns.values())):
+      lines.append(f"| {t} | " + " | ".join(
+          column.get(t, "") for column in columns.values()) + " |")
+    lines.append("")
+  kinds = {band(_source(c, panel(n)[0])[1], panel(n)[0], 1.0)[3]
+           for c in curves for n in panels
+           if panel(n)[0] in _source(c, panel(n)[0])[1]}
+  caption = band_caption(kinds - {NO_BAND}, {"brackets"})
+  return "\n".join(lines + ([caption] if caption else [])) + "\n"
 
 
 def check_output(output: str) -> None:
@@ -458,6 +533,11 @@ def _figure_options() -> dict:
 
 def _plot(paths: list[str]) -> None:
   check_output(FLAGS.output)
+  if FLAGS.table:
+    try:
+      check_output_file(FLAGS.table, "--table")
+    except ValueError as e:
+      raise PlotError(str(e)) from None
   options = _figure_options()
   if not paths:
     raise PlotError("name the runs to plot: python -m experiments.plot "
@@ -474,6 +554,14 @@ def _plot(paths: list[str]) -> None:
   plot_curves(curves, FLAGS.output, FLAGS.title, **options)
   print(f"{len(runs)} runs, {len(curves)} curves "
         f"({'; '.join(c.label for c in curves)}) -> {FLAGS.output}")
+  if FLAGS.table:
+    text = values_table(curves, options["panels"])
+    try:
+      write_output(FLAGS.table, lambda tmp: pathlib.Path(tmp).write_text(text),
+                   "--table")
+    except ValueError as e:
+      raise PlotError(str(e)) from None
+    print(f"their values -> {FLAGS.table}")
   if curves[0].folded:
     print("fields that also differ, with the method: "
           + ", ".join(curves[0].folded))
@@ -494,8 +582,14 @@ if __name__ == "__main__":
                     "or a field's last part); default: the fields that differ")
   flags.DEFINE_string("title", "", "figure title")
   flags.DEFINE_list("panels", [], "the panels, in order, of "
-                    + ", ".join(PANELS) + " (train_loss: one per algorithm); "
-                    "default: those the runs have values for")
+                    + ", ".join(PANELS) + " (train_loss: one per algorithm)"
+                    ", or train.<metric>, a training metric the runs record "
+                    "(e.g. train.server_reg_norm: the evaluated rounds' "
+                    "values; --eval_every=1 records every round's); default:"
+                    " those of the first four the runs have values for")
+  flags.DEFINE_string("table", None, "also write the panels' values, a "
+                      "row per round and a column per curve with its band, "
+                      "to this Markdown file")
   flags.DEFINE_list("figsize", [], "the figure's width and height in inches, "
                     "e.g. 7,2.5; default: 3.2 by 2.5 a panel, and the legend")
   flags.DEFINE_float("font_size", None, "the font size in points; default: "

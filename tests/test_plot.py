@@ -600,3 +600,58 @@ def test_the_readmes_figure_is_made_by_the_command_beside_it(tmp_path):
   made = (tmp_path / output).read_bytes()
   assert struct.unpack(">II", made[16:24]) == struct.unpack(
       ">II", shown[16:24])  # the same size: 7 x 2.6 inches at 150 dpi
+
+
+def _train_run(path, seed, values):
+  """A run evaluated every round whose records keep the round's training
+  metrics (``train``), as AugFL's do."""
+  path.mkdir(parents=True)
+  (path / "config.json").write_text(json.dumps(_config(seed=seed)))
+  records = [{"round": r + 1, "accuracy": 0.5, "train_loss": v,
+              "test_loss": 1.0, "train": {"server_reg_norm": v, "loss": v}}
+             for r, v in enumerate(values)]
+  (path / "metrics.jsonl").write_text(
+      "".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_training_metrics_are_panels_and_the_table_holds_the_values(tmp_path):
+  _train_run(tmp_path / "s0", 0, [1.0, 8.0, 2.0])
+  _train_run(tmp_path / "s1", 1, [3.0, 4.0, 2.0])
+  _, curves = _labels(tmp_path)
+  np.testing.assert_array_equal(curves[0].metrics["train.server_reg_norm"],
+                                [[1.0, 8.0, 2.0], [3.0, 4.0, 2.0]])
+  # not drawn unless named; named, a panel of its own
+  assert "train.loss" not in plot.available_panels(curves)
+  assert plot.available_panels(curves, train=True)[-2:] == (
+      "train.loss", "train.server_reg_norm")
+  fig = plot.make_figure(curves, panels=["train.server_reg_norm"])
+  (ax,) = fig.axes
+  assert (ax.get_title(), ax.get_xlabel()) == ("server_reg_norm", "round")
+  np.testing.assert_allclose(ax.lines[0].get_ydata(), [2.0, 6.0, 2.0])
+  with pytest.raises(plot.PlotError, match="no panel 'train.'"):
+    plot.check_panels(["train."])
+  with pytest.raises(plot.PlotError, match="no train.nothing values"):
+    plot.make_figure(curves, panels=["train.nothing"])
+  table = plot.values_table(curves, ["train.server_reg_norm"])
+  low, high = intervals.mean_interval([8.0, 4.0]).low, intervals.mean_interval(
+      [8.0, 4.0]).high
+  assert f"| round | {plot.legend_label(curves[0])} |" in table
+  assert low < 0 and f"| 2 | 6 [0, {high:.4g}] |" in table  # clipped at 0
+  assert "| 3 | 2 [2, 2] |" in table
+  assert table.rstrip().endswith("95% CI across seeds")
+
+
+@pytest.mark.slow
+def test_the_command_writes_the_table_of_its_panels(tmp_path):
+  _train_run(tmp_path / "runs" / "s0", 0, [1.0, 8.0, 2.0])
+  result = _cli(str(tmp_path / "runs"), "--panels=accuracy,train.loss",
+                f"--output={tmp_path / 'f.png'}",
+                f"--table={tmp_path / 'f.md'}")
+  assert result.returncode == 0, result.stderr
+  text = (tmp_path / "f.md").read_text()
+  assert "test clients: accuracy (%)" in text and "loss: value" in text
+  assert "| 2 | 8 |" in text  # one run: its loss, no band
+  bad = _cli(str(tmp_path / "runs"), f"--output={tmp_path / 'g.png'}",
+             f"--table={tmp_path / 'nodir' / 'g.md'}")
+  assert bad.returncode == 2 and "--table" in bad.stderr
+  assert not (tmp_path / "g.png").exists()  # refused before any work
