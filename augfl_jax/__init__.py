@@ -13,7 +13,8 @@ augfl_jax`` is cheap and loads neither orbax nor TensorFlow:
 * the floors of the library, each a package: ``core`` (pure helpers: the
   client axis, HVPs, local SGD, evaluation, intervals, ...), ``models``,
   ``data``, ``transfer`` (R_h), ``algorithms``, ``pm`` (pretraining and
-  the PM's checkpoint), ``storage`` (checkpoints, locks), ``training``;
+  the PM's checkpoint), ``storage`` (checkpoints, locks), ``processes`` (a
+  run across processes: their start and end, placement), ``training``;
 * the core modules a user calls directly, by name: ``client_axis``,
   ``distributed``, ``evaluation``, ``fields``, ``hvp``, ``intervals``,
   ``local``, ``progress``, ``tree``, ``types``, and ``pretrain``;
@@ -45,6 +46,7 @@ _MODULES = {
     "models": "augfl_jax.models",
     "pm": "augfl_jax.pm",
     "pretrain": "augfl_jax.pm.pretrain",
+    "processes": "augfl_jax.processes",
     "progress": "augfl_jax.core.progress",
     "storage": "augfl_jax.storage",
     "training": "augfl_jax.training",
@@ -81,8 +83,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what the names above are, for readers and checkers
-  from augfl_jax import (algorithms, core, data, models, pm, storage,
-                         training, transfer)
+  from augfl_jax import (algorithms, core, data, models, pm, processes,
+                         storage, training, transfer)
   from augfl_jax.algorithms import (REGISTRY, AlgorithmSpec,
                                     FederatedAlgorithm, augfl, build,
                                     register)

@@ -6,7 +6,7 @@ r"""A run's round time and memory against its number of local processes.
 
 Runs ``experiments.run`` (``--common``) as 1, 2, 4, ... processes of
 ``--devices_per_process`` CPU devices each on this machine
-(``experiments.local_processes``), the same clients in every run: with N
+(``augfl_jax.processes.local``), the same clients in every run: with N
 processes each holds 1/N of them. The counts run in turn, ``--repeats``
 times, so that load on the machine hits them alike. Per run: the seconds
 per round between the first and the last evaluation (compilation excluded:
@@ -28,8 +28,8 @@ from typing import Any
 
 from absl import flags
 
+from augfl_jax.processes import local
 from benchmarks import command
-from experiments import local_processes
 
 FLAGS = flags.FLAGS
 
@@ -55,7 +55,7 @@ def run_once(num_processes: int, devices: int, args: list[str],
   shutil.rmtree(output_dir, ignore_errors=True)
   logs = [os.path.join(os.path.dirname(output_dir), f"p{i}.log")
           for i in range(num_processes)]
-  procs = local_processes.launch(
+  procs = local.launch(
       num_processes, devices, [f"--output_dir={output_dir}", "--overwrite",
                                "--checkpoint_every=0", *args], logs=logs)
   codes, rss = [], []

@@ -38,6 +38,7 @@ from absl import logging
 import jax
 
 from augfl_jax import algorithms, data, models, training
+from augfl_jax.processes import group
 from augfl_jax.core import fields
 from experiments import flag_help
 
@@ -196,7 +197,7 @@ def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
   ``--distributed.process_id``, ``--distributed.startup_timeout`` and
   ``--distributed.service_port``: the
   command as one of the processes of a run across processes or hosts
-  (``training.process_group``)."""
+  (``augfl_jax.processes.group``)."""
   flags.DEFINE_string(
       "distributed.coordinator", None, "host:port of process 0, which every "
       "process of a run across processes reaches (with "
@@ -212,7 +213,7 @@ def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
                        "the run's files and console", lower_bound=0,
                        flag_values=flag_values)
   flags.DEFINE_float("distributed.startup_timeout",
-                     training.process_group.STARTUP_TIMEOUT, "seconds a "
+                     group.STARTUP_TIMEOUT, "seconds a "
                      "process waits for the others to start (naming those "
                      "it waits for) before it gives up", lower_bound=1,
                      flag_values=flag_values)
@@ -226,9 +227,9 @@ def define_distributed_flags(flag_values: flags.FlagValues = FLAGS
 
 
 def start_processes() -> bool:
-  """``training.process_group.initialize`` from the ``--distributed.*`` flags,
+  """``processes.group.initialize`` from the ``--distributed.*`` flags,
   before any JAX computation; whether the run spans several processes."""
-  return training.process_group.initialize(
+  return group.initialize(
       FLAGS["distributed.coordinator"].value,
       FLAGS["distributed.num_processes"].value,
       FLAGS["distributed.process_id"].value,

@@ -6,7 +6,8 @@ r"""Runs ``experiments.run`` as several processes on this machine.
 starts ``--num_processes`` copies of ``python -m experiments.run`` with the
 flags after ``--``, each with its ``--distributed.*`` flags (a free port on
 localhost for the coordinator) and ``--devices_per_process`` CPU devices
-(``XLA_FLAGS=--xla_force_host_platform_device_count``), and waits for them:
+(``XLA_FLAGS=--xla_force_host_platform_device_count``), and waits for them
+(``augfl_jax.processes.local``):
 the run of one process with several processes' devices, which is what a
 run across hosts does, on one machine. Process 0's console is this
 command's; the others' go to ``<output_dir>.process<i>.log``. The exit code
@@ -26,84 +27,21 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
-import subprocess
 import sys
-import time
 from typing import Sequence
 
-__all__ = ["command", "free_port", "launch", "launcher_command", "LAUNCHER",
-           "wait"]
+from augfl_jax.processes import local
+
+__all__ = ["launcher_command", "LAUNCHER"]
 
 # The environment variable that gives the processes the command that
 # launched them, up to its ``--`` (``experiments.run``'s resume line).
 LAUNCHER = "AUGFL_JAX_LAUNCHER"
 
 
-def free_port() -> int:
-  """A TCP port that nothing listens on now."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
-def command(process_id: int, num_processes: int, port: int,
-            args: Sequence[str]) -> list[str]:
-  """The command line of process ``process_id``."""
-  return [sys.executable, "-m", "experiments.run",
-          f"--distributed.coordinator=localhost:{port}",
-          f"--distributed.num_processes={num_processes}",
-          f"--distributed.process_id={process_id}", *args]
-
-
-def launch(num_processes: int, devices_per_process: int,
-           args: Sequence[str], *, logs: Sequence[str | None] | None = None,
-           env: dict[str, str] | None = None, cwd: str | None = None,
-           own_group: bool = False) -> list[subprocess.Popen]:
-  """Starts the processes (CPU only). ``logs[i]``: where process ``i``'s
-  output goes (None: this process's console). ``own_group``: each in a
-  process group of its own, so that a Ctrl-C in the terminal reaches only
-  this process (which passes it on once: :func:`main`)."""
-  port = free_port()
-  env = dict(os.environ if env is None else env, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count="
-             f"{devices_per_process}")
-  logs = logs or [None] * num_processes
-  procs = []
-  for i in range(num_processes):
-    out = None if logs[i] is None else open(logs[i], "w")  # pylint: disable=consider-using-with
-    procs.append(subprocess.Popen(
-        command(i, num_processes, port, args), env=env, cwd=cwd,
-        stdin=subprocess.DEVNULL, stdout=out,
-        stderr=subprocess.STDOUT if out else None,
-        process_group=0 if own_group else None))
-    if out is not None:
-      out.close()  # the child holds its own copy
-  return procs
-
-
-def wait(procs: Sequence[subprocess.Popen], timeout: float | None = None
-        ) -> list[int]:
-  """Waits for every process, killing those still running after
-  ``timeout`` seconds in all; their exit codes (negative: killed)."""
-  deadline = None if timeout is None else time.monotonic() + timeout
-  try:
-    for p in procs:
-      p.wait(timeout=None if deadline is None else
-             max(0.0, deadline - time.monotonic()))
-  except subprocess.TimeoutExpired:
-    pass
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  return [p.returncode for p in procs]
-
-
 def _define_flags(flag_values) -> None:
   """This command's own flags (defined when it runs: the module is also a
-  library, of tests and benchmarks that define flags of these names)."""
+  library, of tests that define flags of these names)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_integer("num_processes", 2, "how many processes run the "
                        "command together", lower_bound=1,
@@ -151,14 +89,15 @@ def main(argv: Sequence[str]) -> int:
 
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, pass_on)
-  started = launch(num_processes, cli.FLAGS.devices_per_process, args,
-                   logs=logs, own_group=True,
-                   env=dict(os.environ, **{LAUNCHER: launcher_command(argv)}))
+  started = local.launch(
+      num_processes, cli.FLAGS.devices_per_process, args, logs=logs,
+      own_group=True,
+      env=dict(os.environ, **{LAUNCHER: launcher_command(argv)}))
   procs += started
   for signum in received:  # while they were started
     for p in started:
       p.send_signal(signum)
-  codes = wait(procs)
+  codes = local.wait(procs)
   return next((c for c in codes if c), 0)
 
 

@@ -29,8 +29,7 @@ ends the command at its next step with a line saying what was kept, and one
 in the last round lets the run finish; the exit code is the same. A second
 one ends the process at once, even inside a long XLA call.
 
-Across processes or hosts (``--distributed.*``, ``training.processes``
-and ``training.process_group``;
+Across processes or hosts (``--distributed.*``, ``augfl_jax.processes``;
 README, "Across processes and hosts") every process runs this command
 with its own ``--distributed.process_id``; process 0 writes the files and
 the console, a signal to any process stops all after the round, and a
@@ -70,7 +69,8 @@ from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-import-position
-from augfl_jax.training import process_group, processes  # pylint: disable=g-import-not-at-top,wrong-import-position
+from augfl_jax import processes  # pylint: disable=g-import-not-at-top,wrong-import-position
+from augfl_jax.processes import group  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments.local_processes import LAUNCHER  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -118,7 +118,7 @@ def main(argv):
   if not run_flags.run_command(run_flags.start_processes):
     _main()
     return
-  process_group.hint = f"resume with: {resume_command(sys.argv)}"
+  group.hint = f"resume with: {resume_command(sys.argv)}"
   # One of several processes: a process that ends tells the others why
   # (they stop within seconds, saying so), and ends at once, not in
   # jax.distributed's wait for the processes that stopped.
@@ -127,11 +127,11 @@ def main(argv):
   except BaseException as e:  # pylint: disable=broad-except
     code = e.code if isinstance(e, SystemExit) else 1
     if not isinstance(e, SystemExit):
-      process_group.ending(_first_line(e))
+      group.ending(_first_line(e))
       traceback.print_exc()
-    process_group.announce_stop(f"it ended with exit code {code}")
-    process_group.leave(code if isinstance(code, int) else 1)
-  process_group.finished()
+    group.announce_stop(f"it ended with exit code {code}")
+    group.leave(code if isinstance(code, int) else 1)
+  group.finished()
 
 
 def _main():
@@ -148,10 +148,10 @@ def _main():
 
   try:
     with training.StopSignals() as stop:  # a signal before the run's own
-      run_flags.run_command(body, on_error=process_group.ending)
+      run_flags.run_command(body, on_error=group.ending)
       late = stop.take()  # it came in the last round: the run finished
   except training.RunInterrupted as e:
-    process_group.announce_stop(f"interrupted ({_first_line(e)})")
+    group.announce_stop(f"interrupted ({_first_line(e)})")
     if e.checkpoint is None:  # nothing saved: the same command starts it
       print(f"interrupted: {e}\nstart it again with: "
             f"{resume_command(sys.argv, resume=False)}", file=sys.stderr)

@@ -4,15 +4,16 @@ processes of a run go different ways: from its third decision on
 never returns, while process 0 waits for it in the decision's collective.
 Neither main thread can run a signal handler then. The path of
 ``$STUCK_MARKER`` is created when process 1 starts to wait, and
-``process_group.STUCK_SECONDS`` is 5 s."""
+``processes.group.STUCK_SECONDS`` is 5 s."""
 
 from __future__ import annotations
 
 import os
 
-from augfl_jax.training import process_group, processes
+from augfl_jax import processes
+from augfl_jax.processes import group
 
-process_group.STUCK_SECONDS = 5.0
+group.STUCK_SECONDS = 5.0
 _agree, _calls = processes.agree, [0]
 
 
@@ -21,7 +22,7 @@ def _agree_or_wait(value: int) -> int:
   if processes.index() == 1 and _calls[0] >= 3:
     with open(os.environ["STUCK_MARKER"], "w"):
       pass
-    process_group._client().blocking_key_value_get(  # pylint: disable=protected-access
+    group._client().blocking_key_value_get(  # pylint: disable=protected-access
         "stuck_collective/never", 3_600_000)
   return _agree(value)
 

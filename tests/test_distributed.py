@@ -21,7 +21,7 @@ import pytest
 
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax.core import distributed
-from experiments import local_processes
+from augfl_jax.processes import local
 from tests import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +86,7 @@ def test_round_on_two_processes_matches_one_process(tmp_path):
   out = tmp_path / "result.npz"
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("XLA_FLAGS", None)
-  port = str(local_processes.free_port())
+  port = str(local.free_port())
   procs = [subprocess.Popen(
       [sys.executable, "-c", _WORKER, str(i), port, str(out)], cwd=ROOT,
       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -1,4 +1,4 @@
-"""The main job across processes (``training.processes``): local processes
+"""The main job across processes (``augfl_jax.processes``): local processes
 of ``experiments.run`` with 2 CPU devices each give the numbers of one
 process (4 devices, and the default strategy) within float rounding, write
 one run directory, resume with the same number of processes (another is
@@ -23,10 +23,11 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax import models
+from augfl_jax import models, processes
 from augfl_jax.core import client_axis
+from augfl_jax.processes import gate, group, local
 from augfl_jax.storage import checkpoint
-from augfl_jax.training import outputs, process_gate, process_group, processes
+from augfl_jax.training import outputs
 from experiments import local_processes
 from tests import fake_pm
 
@@ -56,9 +57,9 @@ def _launch(num_processes, devices, args, tmp_path, timeout=400):
   logs = [str(tmp_path / f"process{i}_{time.monotonic_ns()}.log")
           for i in range(num_processes)]
   env = dict(os.environ, PYTHONPATH=ROOT)
-  procs = local_processes.launch(num_processes, devices, args, logs=logs,
-                                 env=env, cwd=ROOT)
-  codes = local_processes.wait(procs, timeout=timeout)
+  procs = local.launch(num_processes, devices, args, logs=logs, env=env,
+                       cwd=ROOT)
+  codes = local.wait(procs, timeout=timeout)
   return codes, [open(log).read() for log in logs]
 
 
@@ -124,11 +125,11 @@ def test_sharded_in_one_process_places_clients_on_the_mesh():
 ])
 def test_initialize_refuses_incomplete_or_bad_flags(given, match):
   with pytest.raises(ValueError, match=match):
-    process_group.initialize(**given)
+    group.initialize(**given)
 
 
 def test_one_process_given_as_flags_is_a_plain_run():
-  assert not process_group.initialize("localhost:1", 1, 0)
+  assert not group.initialize("localhost:1", 1, 0)
 
 
 def test_a_peer_directory_writes_nothing(tmp_path):
@@ -187,10 +188,10 @@ def test_across_processes_a_missing_pm_is_refused_in_one_line(tmp_path):
 
 _FINISH = """
 import sys
-from augfl_jax.training import process_group
-process_group.BEAT_SECONDS = 0.0005  # the client is called all the time
-process_group.initialize(sys.argv[1], 2, int(sys.argv[2]))
-process_group.finished()
+from augfl_jax.processes import group
+group.BEAT_SECONDS = 0.0005  # the client is called all the time
+group.initialize(sys.argv[1], 2, int(sys.argv[2]))
+group.finished()
 """
 
 
@@ -199,7 +200,7 @@ def test_processes_that_finish_exit_cleanly_while_their_watchdogs_beat():
   it inside a call of the coordinator's client aborts the process (exit
   -6, "FATAL: exception not rethrown"), most pairs without the stop."""
   for _ in range(2):
-    address = f"localhost:{local_processes.free_port()}"
+    address = f"localhost:{local.free_port()}"
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     procs = [subprocess.Popen([sys.executable, "-c", _FINISH, address, str(i)],
                               env=env, stdout=subprocess.PIPE,
@@ -298,7 +299,7 @@ def test_resume_across_processes_is_exact_and_another_count_is_refused(
 
 
 def _start_and_wait_for_step_5(out, logs, args=(), devices=2):
-  procs = local_processes.launch(
+  procs = local.launch(
       2, devices, _flags(out, rounds=100000, checkpoint_every=5, **NO_PM,
                    **dict(args)),
       logs=logs, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
@@ -306,7 +307,7 @@ def _start_and_wait_for_step_5(out, logs, args=(), devices=2):
   while not os.path.isdir(out / "checkpoints" / "step_5"):
     if time.monotonic() > deadline or any(p.poll() is not None
                                            for p in procs):
-      local_processes.wait(procs, timeout=1)
+      local.wait(procs, timeout=1)
       raise AssertionError(open(logs[0]).read()[-3000:])
     time.sleep(0.5)
   return procs
@@ -328,7 +329,7 @@ def test_a_killed_process_stops_the_others_in_one_line(tmp_path, killed):
     code = procs[survivor].wait(timeout=60)
     seconds = time.monotonic() - start
   finally:
-    local_processes.wait(procs, timeout=1)
+    local.wait(procs, timeout=1)
   log = open(logs[survivor]).read()
   errors = [l for l in log.splitlines() if l.startswith("error:")]
   assert code == 1 and len(errors) == 1, log[-3000:]
@@ -336,7 +337,7 @@ def test_a_killed_process_stops_the_others_in_one_line(tmp_path, killed):
       f"error: process {killed} stopped answering (killed, or its machine "
       f"is gone); process {survivor} stops too; resume with: python -m "
       "experiments.run "), errors[0]
-  assert seconds < process_group.STALE_SECONDS + 8, seconds
+  assert seconds < group.STALE_SECONDS + 8, seconds
   assert "Traceback" not in log and "Check failure" not in log
   steps = [s for s in os.listdir(out / "checkpoints")
            if s.startswith("step_") and s[5:].isdigit()]
@@ -354,7 +355,7 @@ def test_a_signal_to_one_process_stops_all_after_the_round(tmp_path):
   logs = [str(tmp_path / f"p{i}.log") for i in range(2)]
   procs = _start_and_wait_for_step_5(out, logs)
   procs[1].send_signal(signal.SIGTERM)
-  codes = local_processes.wait(procs, timeout=120)
+  codes = local.wait(procs, timeout=120)
   assert codes == [128 + signal.SIGTERM] * 2, open(logs[0]).read()[-3000:]
   lines = open(logs[0]).read().splitlines()
   said = [l for l in lines if l.startswith("interrupted:")]
@@ -371,48 +372,48 @@ def test_differences_name_each_flag_and_its_processes():
   records = [{"--rounds": "3", "--seed": "0", "--model": "mlp"},
              {"--rounds": "5", "--seed": "0", "--model": "mlp"},
              {"--rounds": "3", "--seed": "0"}]
-  assert process_group.differences(records) == [
+  assert group.differences(records) == [
       "--rounds: 3 on processes 0 and 2, 5 on process 1",
       "--model: mlp on processes 0 and 1, (absent) on process 2"]
-  assert process_group.differences(records[:1] * 3) == []
-  assert process_group.agree_on("flags", records[0]) == []  # one process
+  assert group.differences(records[:1] * 3) == []
+  assert group.agree_on("flags", records[0]) == []  # one process
 
 
 def _gate(num_processes):
   """A gate of ``num_processes`` in a thread of this process; its port."""
-  listener = process_gate._listen(0)  # pylint: disable=protected-access
-  gate = process_gate.Gate(listener, num_processes, service_port=4321)
-  threading.Thread(target=gate.serve_forever, daemon=True).start()
+  listener = gate._listen(0)  # pylint: disable=protected-access
+  server = gate.Gate(listener, num_processes, service_port=4321)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
   return listener.getsockname()[1]
 
 
 def test_the_gate_admits_the_run_s_processes_and_refuses_others(
     monkeypatch):
-  monkeypatch.setattr(process_gate, "FIRST_REPORT_SECONDS", 0.5)
+  monkeypatch.setattr(gate, "FIRST_REPORT_SECONDS", 0.5)
   port, said = _gate(2), []
   joined = []
-  first = threading.Thread(target=lambda: joined.append(process_gate.join(
+  first = threading.Thread(target=lambda: joined.append(gate.join(
       "localhost", port, 0, 2, 30, said.append)))
   first.start()
-  assert process_gate.join("localhost", port, 1, 2, 30, said.append) == 4321
+  assert gate.join("localhost", port, 1, 2, 30, said.append) == 4321
   first.join()
   assert joined == [4321]
-  with pytest.raises(process_gate.StartupError) as refused:
-    process_gate.join("localhost", port, 1, 2, 30, said.append)
+  with pytest.raises(gate.StartupError) as refused:
+    gate.join("localhost", port, 1, 2, 30, said.append)
   assert str(refused.value) == (
       f"--distributed.process_id=1: process 1 of the run at localhost:{port}"
       " has joined already (this is a second command with its process id, "
       "or another run's process on its coordinator); give each process of "
       "a run its own --distributed.process_id, and another run another "
       "--distributed.coordinator port")
-  with pytest.raises(process_gate.StartupError, match=(
+  with pytest.raises(gate.StartupError, match=(
       "--distributed.num_processes=3: the run at localhost:[0-9]+ has 2 "
       "processes; give every process of a run the same")):
-    process_gate.join("localhost", port, 2, 3, 30, said.append)
+    gate.join("localhost", port, 2, 3, 30, said.append)
   # A process whose peers do not come names them, then gives up.
   port = _gate(3)
-  with pytest.raises(process_gate.StartupError) as late:
-    process_gate.join("localhost", port, 1, 3, 1.2, said.append)
+  with pytest.raises(gate.StartupError) as late:
+    gate.join("localhost", port, 1, 3, 1.2, said.append)
   assert str(late.value).startswith(
       "process 0 (the coordinator) and process 2 of 3 did not join the run "
       f"at localhost:{port} within --distributed.startup_timeout=1.2 s: "
@@ -425,13 +426,12 @@ def test_the_gate_admits_the_run_s_processes_and_refuses_others(
 def test_the_coordination_service_listens_on_the_port_it_is_given():
   """--distributed.service_port: the service behind the gate on a port a
   firewall can open, not one the system picks."""
-  gate_port, service_port = (local_processes.free_port(),
-                             local_processes.free_port())
+  gate_port, service_port = local.free_port(), local.free_port()
   parent = subprocess.Popen([sys.executable, "-c",  # pylint: disable=consider-using-with
                              "import time; time.sleep(60)"])
   try:
     child = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-c", process_group._SERVE, process_gate.__file__,  # pylint: disable=protected-access
+        [sys.executable, "-c", group._SERVE, gate.__file__,  # pylint: disable=protected-access
          str(gate_port), "2", "30", str(parent.pid), "0", str(service_port)],
         stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == f"serving {service_port}"
@@ -445,7 +445,7 @@ def test_without_a_coordinator_the_wait_names_it_and_ends_in_one_line(
     tmp_path):
   """Before, a process whose peer never started was silent for 300 s, then
   aborted with a C++ trace (exit 134)."""
-  address = f"localhost:{local_processes.free_port()}"
+  address = f"localhost:{local.free_port()}"
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   start = time.monotonic()
   proc = subprocess.run(
@@ -472,13 +472,14 @@ def test_without_a_coordinator_the_wait_names_it_and_ends_in_one_line(
 
 _HOLD = """
 import os, sys, time
-from augfl_jax.training import process_group, processes
-process_group.initialize(sys.argv[1], 2, int(sys.argv[2]))
+from augfl_jax import processes
+from augfl_jax.processes import group
+group.initialize(sys.argv[1], 2, int(sys.argv[2]))
 print("joined", flush=True)
 while not os.path.exists(sys.argv[3]):
   time.sleep(0.2)
 processes.sync("after the intruder")  # the service still serves
-process_group.finished()
+group.finished()
 print("finished", flush=True)
 """
 
@@ -488,7 +489,7 @@ def test_an_intruder_is_refused_in_one_line_and_the_run_goes_on(tmp_path):
   """A second command with a process id of a running run (or another
   process count) is refused at the gate; before, it made the coordination
   service fail and JAX abort every process of the run."""
-  address = f"localhost:{local_processes.free_port()}"
+  address = f"localhost:{local.free_port()}"
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   done = tmp_path / "done"
   run = [subprocess.Popen([sys.executable, "-c", _HOLD, address, str(i),
@@ -523,7 +524,7 @@ def test_an_intruder_is_refused_in_one_line_and_the_run_goes_on(tmp_path):
     done.touch()
     logs = [p.communicate(timeout=120)[0] for p in run]
   finally:
-    local_processes.wait(run, timeout=1)
+    local.wait(run, timeout=1)
   assert [p.returncode for p in run] == [0, 0], logs
   assert all(log.strip().endswith("finished") for log in logs), logs
 
@@ -532,7 +533,7 @@ def _launch_each(args_of, tmp_path, timeout=300):
   """Runs ``experiments.run`` as ``len(args_of)`` processes of one run,
   process ``i`` with its own flags ``args_of[i]``; ``(exit codes,
   logs)``."""
-  port = local_processes.free_port()
+  port = local.free_port()
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=1")
   logs = [tmp_path / f"each{i}_{time.monotonic_ns()}.log"
@@ -541,9 +542,9 @@ def _launch_each(args_of, tmp_path, timeout=300):
   for i, args in enumerate(args_of):
     with open(logs[i], "w") as out:
       procs.append(subprocess.Popen(
-          local_processes.command(i, len(args_of), port, args), env=env,
+          local.command(i, len(args_of), port, args), env=env,
           cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
-  codes = local_processes.wait(procs, timeout=timeout)
+  codes = local.wait(procs, timeout=timeout)
   return codes, [log.read_text() for log in logs]
 
 
@@ -627,7 +628,7 @@ def test_a_signal_ends_processes_stuck_in_a_collective(tmp_path):
   the resume command (``tests/stuck_collective.py``)."""
   logs = [str(tmp_path / f"p{i}.log") for i in range(2)]
   marker = tmp_path / "stuck"
-  procs = local_processes.launch(
+  procs = local.launch(
       2, 1, ["--imports=tests.stuck_collective",
              *_flags(tmp_path / "run", rounds=50, **NO_PM)], logs=logs,
       env=dict(os.environ, PYTHONPATH=ROOT, STUCK_MARKER=str(marker)),
@@ -645,7 +646,7 @@ def test_a_signal_ends_processes_stuck_in_a_collective(tmp_path):
     codes = [p.wait(timeout=60) for p in procs]
     seconds = time.monotonic() - start
   finally:
-    local_processes.wait(procs, timeout=1)
+    local.wait(procs, timeout=1)
   assert codes == [128 + signal.SIGTERM] * 2, [open(l).read()[-2000:]
                                                 for l in logs]
   assert seconds < 5 + 10, seconds

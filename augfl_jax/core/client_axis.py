@@ -41,7 +41,7 @@ default ``"sharded"`` mesh spans them. Every process runs the same Python
 program, on global arrays: ``augfl_jax.core.distributed`` places a round's inputs
 (per-client leaves split on the client axis, shared ones replicated), and
 ``experiments.run --distributed.*`` runs a whole experiment so
-(``augfl_jax.training.processes``).
+(``augfl_jax.processes``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ process_allgather`` brings a per-client leaf whole to every process.
 In one process the same functions place the data on its local devices.
 
 ``experiments.run`` with ``--distributed.*`` flags runs a whole experiment
-this way (``augfl_jax.training.processes``: data, PM, evaluation,
+this way (``augfl_jax.processes``: data, PM, evaluation,
 checkpoints); for a loop of one's own, every process calls (as
 ``tests/test_distributed.py`` does on 2 processes x 4 CPU devices, getting
 the single-process numbers)::

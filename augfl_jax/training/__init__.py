@@ -15,10 +15,10 @@ Public: :mod:`.config` (``RunConfig`` and its sections; a user's method
 gets its section from ``config.config_class()``), :mod:`.plan`
 (``prepare``, ``validate``), :mod:`.presets` (``resolve``: the dataset's
 and the paper's defaults), :mod:`.loop` (``run``), :mod:`.safety` (the
-non-finite guard and :class:`StopSignals`: wrap a loop over runs in one to
-see a signal that came in a run's last round), :mod:`.process_group` (a
-run across processes: ``process_group.initialize`` before ``run``) and
-:mod:`.processes` (who writes, where its clients live). Internal:
+non-finite guard) and :class:`StopSignals` (``augfl_jax.processes.signals``:
+wrap a loop over runs in one to see a signal that came in a run's last
+round). A run across processes is ``augfl_jax.processes``
+(``processes.group.initialize`` before ``run``). Internal:
 :mod:`.wiring` (data, models, the PM by its role, the algorithm),
 :mod:`.rounds` (the round loop), :mod:`.scoring` (records, intervals, the
 summary),
@@ -27,9 +27,9 @@ summary),
 :mod:`.events` (the run's files).
 """
 
+from augfl_jax.processes.signals import StopSignals
 from augfl_jax.training import (checkpoints, config, events, loop, outputs,
-                                plan, presets, process_group, processes,
-                                resume, rounds, safety, wiring)
+                                plan, presets, resume, rounds, safety, wiring)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
                                        RunConfig, pm_role, resumable_fields,
                                        resume_changes, unread_sections)
@@ -38,7 +38,6 @@ from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
 from augfl_jax.training.outputs import OutputDirError
 from augfl_jax.training.plan import Plan, prepare, validate
 from augfl_jax.training.presets import resolve
-from augfl_jax.training.safety import StopSignals
 from augfl_jax.core.progress import Progress
 
 __all__ = [

@@ -25,7 +25,7 @@ may look at a run's steps without holding its lock; only the run that holds
 the lock removes what its unfinished saves left
 (:meth:`RunCheckpoints.remove_unfinished_saves`).
 
-Across processes (``training.processes``) every process saves and restores
+Across processes (``augfl_jax.processes``) every process saves and restores
 its own part of the state (orbax's multi-process saving, process 0 writing
 ``meta``), the checksums are one per process, a step is damaged when any
 process's part is, and process 0 alone removes or renames directories.
@@ -45,12 +45,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from augfl_jax import processes
 from augfl_jax.storage.checkpoint import (OLD_SEAL, DamagedCheckpointError,
                                           check_checksums, check_seal,
                                           checksums, failure_reason,
                                           quiet_closed_loop_callbacks,
                                           restore_target, seal)
-from augfl_jax.training import processes
 
 __all__ = ["CheckpointError", "RunCheckpoints", "checksums"]
 

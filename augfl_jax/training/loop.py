@@ -25,14 +25,14 @@ JSON files are replaced atomically, checkpoints are verified on restore
 and resuming is exact: ``R`` rounds straight and ``k`` + resume + ``R - k``
 give the same state bit for bit (same device, strategy and conv_impl).
 
-Across processes (``training.process_group.initialize`` before ``run``, in
+Across processes (``processes.group.initialize`` before ``run``, in
 every process; ``experiments.run --distributed.*``) the client axis runs
 sharded over every process's devices, each process holds its own
 training clients, process 0 alone takes the lock and writes these files
 and ``log``, and every process saves its own part of each checkpoint.
 Before the directory is touched the processes agree on the configuration,
 the run control and the directory, then on the data they loaded
-(``process_group.agree_on``); a difference stops them all in one line.
+(``processes.group.agree_on``); a difference stops them all in one line.
 """
 
 from __future__ import annotations
@@ -45,21 +45,21 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from augfl_jax import data
+from augfl_jax import data, processes
 from augfl_jax.core import fields, tree
 from augfl_jax.core.progress import counted
 from augfl_jax.pm import pretrain
 from augfl_jax.storage import checkpoint
 from augfl_jax.training import resume as resuming
-from augfl_jax.training import (process_group, processes, rounds,
-                                scoring, wiring)
+from augfl_jax.processes import group
+from augfl_jax.processes.signals import StopSignals
+from augfl_jax.training import rounds, scoring, wiring
 from augfl_jax.training.checkpoints import RunCheckpoints
 from augfl_jax.training.config import RunConfig, unused_sections
 from augfl_jax.training.outputs import OutputDir, PeerOutputDir
 from augfl_jax.training.plan import Plan, prepare
 from augfl_jax.training.rounds import sample_participants
-from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
-                                       StopSignals)
+from augfl_jax.training.safety import NonFiniteError, RunInterrupted
 
 __all__ = ["run", "CHECKPOINT_EVERY", "NonFiniteError", "RunInterrupted",
            "sample_participants", "shows_live_line"]
@@ -170,7 +170,7 @@ def _agree_on_flags(plan: Plan, output_dir: str, checkpoint_every: int,
                  "--resume": str(resume), "--overwrite": str(overwrite),
                  "--resume_changes": ",".join(resume_changes),
                  "--output_dir": os.path.abspath(output_dir)})
-  differ = process_group.agree_on("flags", record)
+  differ = group.agree_on("flags", record)
   if differ:
     raise ValueError(
         f"the {processes.count()} processes of the run were given different "
@@ -186,7 +186,7 @@ def _agree_on_data(plan: Plan, fed: data.FederatedData) -> None:
            "server split": fed.server,
            "test-split clients": None if fed.test_split is None
            else fed.test_split.clients}
-  differ = process_group.agree_on(
+  differ = group.agree_on(
       "data", {f"the {name}' digest" if name.endswith("s") else
                f"the {name}'s digest": tree.digest(part)[:12]
                for name, part in parts.items()})

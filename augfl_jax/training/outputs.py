@@ -278,7 +278,7 @@ class OutputDir:
 
 class PeerOutputDir(OutputDir):
   """The run directory as a process other than the writer of a run across
-  processes sees it (``training.processes``): it reads the directory as
+  processes sees it (``augfl_jax.processes``): it reads the directory as
   :class:`OutputDir` does, and takes no lock and writes nothing, since
   process 0 holds the lock and writes every file."""
 

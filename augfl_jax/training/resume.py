@@ -12,10 +12,9 @@ import datetime
 import os
 from typing import Any, Callable, NamedTuple, Sequence
 
-from augfl_jax import data
+from augfl_jax import data, processes
 from augfl_jax.core import fields, tree
 from augfl_jax.core.progress import counted
-from augfl_jax.training import processes
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import (RunConfig, config_class,
                                        from_config_json, pm_role,

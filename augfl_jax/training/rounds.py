@@ -29,9 +29,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from augfl_jax import processes
 from augfl_jax.core import fields, tree
 from augfl_jax.core.progress import LiveLine, Progress, counted
-from augfl_jax.training import processes
 from augfl_jax.training import resume as resuming
 from augfl_jax.training import scoring
 from augfl_jax.training.checkpoints import CheckpointError
@@ -134,7 +134,7 @@ class RoundLoop:
     participants: ``participants(round) -> [K] ids | None`` (None: all);
       ids are checked as they are drawn.
     log: receives the progress lines.
-    stop: the run's ``safety.StopSignals``.
+    stop: the run's ``processes.signals.StopSignals``.
     description: ``partition.txt``.
     digest: the data's digest, recorded in every checkpoint.
     live: show a live line of the rounds on the terminal

@@ -1,6 +1,6 @@
-"""A round that never hands back a non-finite state, and stop signals
-(with the exceptions a run stops with: :class:`NonFiniteError`,
-:class:`RunInterrupted`).
+"""A round that never hands back a non-finite state (with the exceptions a
+run stops with: :class:`NonFiniteError`, :class:`RunInterrupted`; the stop
+signals are ``augfl_jax.processes.signals``).
 
 :func:`guard_round` wraps a round ``(state, clients, participants) ->
 (state, metrics)``: when the new state or a metric holds a NaN or inf it
@@ -14,8 +14,6 @@ client models are neither copied nor kept twice.
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any, Callable
 
 import jax
@@ -25,8 +23,7 @@ import numpy as np
 from augfl_jax.core import jit
 from augfl_jax.core.progress import some
 
-__all__ = ["guard_round", "describe", "StopSignals", "NonFiniteError",
-           "RunInterrupted"]
+__all__ = ["guard_round", "describe", "NonFiniteError", "RunInterrupted"]
 
 
 def _is_float(leaf: Any) -> bool:
@@ -151,50 +148,3 @@ class RunInterrupted(Exception):
 class NonFiniteError(FloatingPointError):
   """A round or an evaluation produced a NaN or inf (the last good state
   was saved first)."""
-
-
-class StopSignals:
-  """Context manager: SIGINT/SIGTERM set ``signum`` instead of stopping the
-  process (a second one raises ``KeyboardInterrupt``); main thread only.
-
-  Nothing is dropped: entered inside another ``StopSignals`` (a sweep around
-  its runs), it takes over the outer one's pending signal; a signal still
-  pending when the block ends without an exception (it came too late to
-  stop anything early, e.g. in a run's last round) is raised again for the
-  handler that was there before (the outer ``StopSignals``, or Python's
-  ``KeyboardInterrupt``), unless the caller has taken it (:meth:`take`).
-  """
-
-  # How many signals the handlers of all StopSignals have taken (a run
-  # across processes checks that its signals are: process_group).
-  taken = 0
-
-  def __init__(self):
-    self.signum, self._old = None, {}
-
-  def _handle(self, signum, frame):
-    del frame
-    StopSignals.taken += 1
-    if self.signum is not None:
-      raise KeyboardInterrupt
-    self.signum = signum
-
-  def take(self) -> int | None:
-    """The pending signal, if any, now the caller's to act on."""
-    signum, self.signum = self.signum, None
-    return signum
-
-  def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
-      for s in (signal.SIGINT, signal.SIGTERM):
-        self._old[s] = signal.signal(s, self._handle)
-      outer = getattr(self._old[signal.SIGINT], "__self__", None)
-      if isinstance(outer, StopSignals):
-        self.signum = outer.take()
-    return self
-
-  def __exit__(self, exc_type, *exc):
-    for s, handler in self._old.items():
-      signal.signal(s, handler)
-    if self._old and exc_type is None and self.signum is not None:
-      signal.raise_signal(self.signum)

@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from augfl_jax import processes
 from augfl_jax.core import evaluation, intervals, tree
 from augfl_jax.core.progress import counted
-from augfl_jax.training import processes
 
 __all__ = ["Scorers", "accuracy_text", "finite", "format_record",
            "heldout_record", "scalars", "summary", "test_split_record"]

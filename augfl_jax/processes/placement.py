@@ -3,7 +3,7 @@ clients live, and what the processes decide together.
 
 Every process runs the same command (``experiments.run`` with its
 ``--distributed.*`` flags, or ``training.run`` after
-``process_group.initialize``); ``jax.devices()`` then lists the devices of
+``processes.group.initialize``); ``jax.devices()`` then lists the devices of
 all processes and the run's client axis is sharded over all of them
 (:func:`run_strategy`: ``"sharded:<inner>"``, the server's sums over
 clients an all-reduce). In one process every function here is the
@@ -25,7 +25,7 @@ identity, or nothing, so that a one-process run is unchanged.
   arrays.
 
 How the processes start and end together is
-:mod:`augfl_jax.training.process_group`.
+:mod:`augfl_jax.processes.group`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The coordinator's gate: a run across processes admits only its own
 processes, and says whom it waits for.
 
-Process 0's child (``process_group``) listens on the port of
+Process 0's child (``group``) listens on the port of
 ``--distributed.coordinator`` with :class:`Gate`, and runs JAX's
 coordination service on a second port that the system picks. Every
 process of the run first joins at the gate (:func:`join`): it gives its
@@ -16,7 +16,7 @@ that waits names them every :data:`REPORT_SECONDS`, and gives up after
 its ``--distributed.startup_timeout``.
 
 Only the standard library is imported here: process 0's child loads this
-file by its path, without the package (see ``process_group``).
+file by its path, without the package (see ``group``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ together.
 other JAX call; from ``experiments.run``'s ``--distributed.*`` flags, or on
 a cluster JAX detects), with the coordination service in a child process
 of process 0, behind a gate that admits only the run's processes and names
-those awaited (:mod:`.process_gate`), and a :class:`Watchdog` in every
+those awaited (:mod:`.gate`), and a :class:`Watchdog` in every
 process. :func:`agree_on` compares what every process was given (the
 run's flags, its data) before the run starts. The watchdog keeps a
 heartbeat per process in the coordinator's key-value store; a process that
@@ -18,7 +18,7 @@ signal that the main thread, stuck in a call, cannot take
 :func:`finished` says that it finished its run.
 
 What the processes compute together (who writes, where the clients live,
-the decisions they agree on) is :mod:`augfl_jax.training.processes`.
+the decisions they agree on) is :mod:`augfl_jax.processes.placement`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from typing import Iterator
 
 import jax
 
-from augfl_jax.training import process_gate, safety
-from augfl_jax.training.processes import count, index
+from augfl_jax.processes import gate
+from augfl_jax.processes.placement import count, index
+from augfl_jax.processes.signals import StopSignals
 
 __all__ = [
     "agree_on", "announce_stop", "cluster_detected", "differences",
@@ -88,7 +89,7 @@ def initialize(coordinator: str | None = None,
   With no argument, initializes only on a cluster JAX detects
   (:func:`cluster_detected`); otherwise all three are needed (the
   coordinator is ``host:port`` of process 0), and the process first joins
-  the run at the coordinator's gate (:mod:`.process_gate`: a process id
+  the run at the coordinator's gate (:mod:`.gate`: a process id
   taken already is refused; while processes are missing each waiting one
   names them, for at most ``startup_timeout`` seconds). JAX's coordination
   service listens behind the gate on ``service_port`` of process 0's host
@@ -97,7 +98,7 @@ def initialize(coordinator: str | None = None,
   Raises:
     ValueError: some of the three given and not all, or out of range; a
       process refused at the gate or not joined in time
-      (``process_gate.StartupError``).
+      (``gate.StartupError``).
   """
   if startup_timeout <= 0:
     raise ValueError("--distributed.startup_timeout must be > 0 seconds, "
@@ -130,7 +131,7 @@ def initialize(coordinator: str | None = None,
     with _service_in_a_child(coordinator, num_processes, process_id,
                              service_port) as gated:
       if gated:  # JAX's client connects to the service behind the gate
-        coordinator = f"{host}:" + str(process_gate.join(
+        coordinator = f"{host}:" + str(gate.join(
             host, int(port), process_id, num_processes, startup_timeout,
             lambda line: print(line, file=sys.stderr, flush=True)))
       jax.distributed.initialize(
@@ -150,7 +151,7 @@ def initialize(coordinator: str | None = None,
 
 # The coordination service, in a process of its own: it outlives process
 # 0 by LINGER_SECONDS, so that the others' watchdogs, not the runtime's
-# abort, end them when process 0 is killed. The child loads process_gate
+# abort, end them when process 0 is killed. The child loads gate
 # by its path: the package's imports would take seconds.
 LINGER_SECONDS = STALE_SECONDS + GRACE_SECONDS + 10
 _SERVE = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name="
@@ -171,7 +172,7 @@ def _service_in_a_child(coordinator: str, num_processes: int,
                        ) -> Iterator[bool]:
   """While ``jax.distributed.initialize`` runs: for process 0, the
   coordination service and its gate started in a child process
-  (:func:`process_gate.serve`) instead of JAX's service in this one (whose
+  (:func:`gate.serve`) instead of JAX's service in this one (whose
   end would abort the others at once, with a stack trace, before any
   watchdog speaks). Yields whether the run has a gate: where JAX's
   internals differ from the ones this knows, it has none and JAX's own
@@ -186,7 +187,7 @@ def _service_in_a_child(coordinator: str, num_processes: int,
     yield start is not None
     return
   child = subprocess.Popen(  # pylint: disable=consider-using-with
-      [sys.executable, "-c", _SERVE, process_gate.__file__,
+      [sys.executable, "-c", _SERVE, gate.__file__,
        coordinator.rsplit(":", 1)[1], str(num_processes),
        str(HEARTBEAT_TIMEOUT), str(os.getpid()), str(LINGER_SECONDS),
        str(service_port)],
@@ -310,7 +311,7 @@ class Watchdog(threading.Thread):
       os.close(read)
       os.close(write)
       return
-    self.signals, self.taken_before = read, safety.StopSignals.taken
+    self.signals, self.taken_before = read, StopSignals.taken
 
   def _check_signals(self, now: float, at_once: bool = False) -> None:
     """Ends the process on a signal that its main thread has not taken
@@ -323,8 +324,7 @@ class Watchdog(threading.Thread):
       received = b""
     self.arrived += [(s, now) for s in received
                      if s in (signal.SIGINT, signal.SIGTERM)]
-    untaken = len(self.arrived) - (safety.StopSignals.taken -
-                                   self.taken_before)
+    untaken = len(self.arrived) - (StopSignals.taken - self.taken_before)
     if untaken <= 0:
       return
     signum, since = self.arrived[-untaken]  # the oldest one not taken
