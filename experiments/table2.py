@@ -28,7 +28,9 @@ Every run is scored on its test-split clients where the dataset has a test
 split (many held-out clients drawn from it under the same protocol, the
 same for every method of a seed: ``--eval.test_clients``), and on the
 protocol's own held-out clients. The tables go to ``--results_dir``
-(default ``results``), per dataset, in ``<results_dir>/<dataset>/``:
+(default ``<output_dir>/tables``, beside the runs), per dataset, in
+``<results_dir>/<dataset>/``; the repository's committed tables are
+written only where ``--results_dir=results`` names them:
 
 * ``table2.md``: the configuration the runs share and each method's own
   hyper-parameters; per method the mean over seeds of the final accuracy
@@ -135,8 +137,11 @@ def define_flags() -> None:
   that importing the module defines none."""
   sweep.define_command_flags("runs/table2")
   flags.DEFINE_list("datasets", ["digits"], "datasets (rows of the table)")
-  flags.DEFINE_string("results_dir", "results", "the tables go to "
-                      "<results_dir>/<dataset>/table2.{md,csv,json}")
+  flags.DEFINE_string("results_dir", None, "the tables go to "
+                      "<results_dir>/<dataset>/table2.{md,csv,json} "
+                      "(default <output_dir>/tables, beside the runs; "
+                      "--results_dir=results writes the repository's "
+                      "committed tables)")
   flags.DEFINE_bool("replace_results", False, "replace a table of another "
                     "configuration in --results_dir (refused otherwise)")
   flags.DEFINE_bool("finished_only", False, "run nothing: tabulate the "
@@ -158,6 +163,12 @@ def _method_fields(config: training.RunConfig) -> str:
 
 def _pct(interval: intervals.Interval | None) -> str:
   return "–" if interval is None else interval.format()
+
+
+def default_results_dir(out: str) -> str:
+  """Where the tables go without ``--results_dir``: beside the runs in
+  ``out``, never into the repository's committed ``results/``."""
+  return os.path.join(out, "tables")
 
 
 def _csv_row(method: str, seed: str, rounds: int | str,
@@ -307,7 +318,7 @@ def check_results(directory: str, key: dict[str, Any], replace: bool
 def run_table(base: training.RunConfig, datasets: list[str],
               methods: list[str], seeds: list[int], out: str,
               checkpoint_every: int = training.CHECKPOINT_EVERY,
-              results_dir: str = "results", replace_results: bool = False,
+              results_dir: str | None = None, replace_results: bool = False,
               log=print, finished_only: bool = False) -> str:
   """Runs (or reuses) every (dataset, method, seed) cell under
   ``out/<dataset>/<method>/seed<seed>`` and writes each dataset's tables to
@@ -322,7 +333,8 @@ def run_table(base: training.RunConfig, datasets: list[str],
     seeds: the seeds of every cell.
     out: the runs' directory.
     checkpoint_every: as ``training.run``'s.
-    results_dir: the tables' root.
+    results_dir: the tables' root (default
+      :func:`default_results_dir`, ``out/tables``).
     replace_results: replace a table of another configuration
       (:func:`check_results`) instead of refusing.
     log: receives the progress lines (``sweep.run_cells``).
@@ -345,6 +357,7 @@ def run_table(base: training.RunConfig, datasets: list[str],
       configuration, a table of another configuration in ``results_dir``,
       or a directory another command is writing (all before any run).
   """
+  results_dir = results_dir or default_results_dir(out)
   for values, flag in ((methods, "methods"), (datasets, "datasets"),
                        (seeds, "seeds")):
     sweep.distinct(list(values), f"--{flag}")
@@ -440,6 +453,7 @@ def main(argv):
   del argv  # flags only (run_flags.parse_flags)
   run_flags.start_command()
   out = FLAGS.output_dir or "runs/table2"
+  results_dir = FLAGS.results_dir or default_results_dir(out)
 
   def body():
     sweep.check_run_control()
@@ -447,12 +461,12 @@ def main(argv):
                      FLAGS.methods, sweep.parse_list(FLAGS.seeds, int,
                                                      "seeds"), out,
                      checkpoint_every=FLAGS.checkpoint_every,
-                     results_dir=FLAGS.results_dir,
+                     results_dir=results_dir,
                      replace_results=FLAGS.replace_results,
                      finished_only=FLAGS.finished_only)
 
   print(sweep.run_comparison(body))
-  print(f"runs in {out}; tables in {FLAGS.results_dir}/<dataset>/")
+  print(f"runs in {out}; tables in {results_dir}/<dataset>/")
 
 
 if __name__ == "__main__":

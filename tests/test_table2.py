@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -173,3 +174,58 @@ def test_unknown_method_is_one_line_on_the_cli(tmp_path, compile_cache):
   assert result.stderr.splitlines()[-1].startswith(
       "error: unknown --methods fedsgd")
   assert "Traceback" not in result.stderr
+
+
+def _snapshot(root):
+  """Every file under ``root`` with its bytes: what ``git status`` sees."""
+  return {os.path.relpath(os.path.join(d, f), root):
+          open(os.path.join(d, f), "rb").read()
+          for d, _, files in os.walk(root) for f in files}
+
+
+def test_tables_go_beside_the_runs_unless_results_is_named(tmp_path,
+                                                           monkeypatch):
+  """From a checkout's root (here a copy of its committed results/), a
+  table without --results_dir goes to <output_dir>/tables and leaves the
+  committed tables as they were; naming results/ writes there."""
+  shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "results")
+  monkeypatch.chdir(tmp_path)
+  committed = _snapshot("results")
+  args = (training.RunConfig(rounds=1), ["digits"], ["fedavg"], [0],
+          os.path.join("runs", "table2"))
+  text = table2.run_table(*args, log=lambda s: None)
+  assert _snapshot("results") == committed
+  assert open(os.path.join("runs", "table2", "tables", "digits",
+                           "table2.md")).read() == text
+  assert table2.default_results_dir("runs/x") == "runs/x/tables"
+  # Named, the committed table is written (replaced: it is of another
+  # configuration).
+  assert table2.run_table(*args, results_dir="results", replace_results=True,
+                          log=lambda s: None) == text
+  assert open(os.path.join("results", "digits", "table2.md")).read() == text
+
+
+@pytest.mark.slow
+def test_the_command_with_default_flags_leaves_the_committed_tables(
+    tmp_path, compile_cache):
+  """``python -m experiments.table2`` run where the committed results/
+  lies, --results_dir not given: exit 0, results/ unchanged, and the
+  command says where the tables went (its --help says so too)."""
+  shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "results")
+  committed = _snapshot(tmp_path / "results")
+  env = {**os.environ, "XDG_CACHE_HOME": compile_cache,
+         "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  command = lambda *a: subprocess.run(
+      [sys.executable, "-m", "experiments.table2", *a], cwd=tmp_path,
+      capture_output=True, text=True, timeout=300, env=env)
+  result = command("--datasets=digits", "--methods=fedavg", "--seeds=0",
+                   "--rounds=1")
+  assert result.returncode == 0, result.stderr
+  assert _snapshot(tmp_path / "results") == committed
+  assert result.stdout.splitlines()[-1] == (
+      "runs in runs/table2; tables in runs/table2/tables/<dataset>/")
+  assert (tmp_path / "runs" / "table2" / "tables" / "digits" /
+          "table2.md").is_file()
+  assert "(default <output_dir>/tables, beside the runs;" in " ".join(
+      command("--help").stdout.split())
+
