@@ -37,8 +37,10 @@ written only where ``--results_dir=results`` names them:
   with its 95% interval across seeds, the paired difference to AugFL w/ PM
   (same seed, same clients) with its interval across seeds, the held-out
   clients' accuracy, and the paper's Table II; the PM's effect (AugFL w/
-  PM minus w/o PM, paired) over seeds and per seed; then every run with
-  its intervals across clients (``experiments.scores`` defines them all);
+  PM minus w/o PM, paired) over seeds and per seed; a line saying that an
+  interval across seeds needs at least 3 seeds where a method has fewer;
+  then every run with its intervals across clients (``experiments.scores``
+  defines them all);
 * ``table2.csv``: the same figures, in %: one row per run (``seed`` a
   number, intervals across clients), per method (``seed`` "all",
   intervals across seeds) and for the PM's effect (``method``
@@ -259,6 +261,11 @@ def write_table(runs: list[scores.RunScore], dataset: str,
              for m, ss in missing.items() if ss]
   if lacking:
     lines += ["", f"Not in the table (no finished run): {'; '.join(lacking)}."]
+  few = scores.few_seeds_note({method_label(m, configs[m]): sum(
+      r.method == m for r in runs) for m in methods if any(
+          r.method == m for r in runs)})
+  if few:
+    lines += ["", few]
   if reference and "augfl_wo_pm" in methods:
     per_seed, effect = scores.paired(runs, "augfl", "augfl_wo_pm",
                                      test_split)

@@ -13,8 +13,9 @@ import pytest
 
 from augfl_jax.core import fields
 from augfl_jax import training
-from experiments import table2
+from experiments import scores, table2
 from tests import run_files
+from tests.test_scores import _write_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,6 +47,8 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   summary = [line for line in text.splitlines()
              if line.startswith("| FedAvg | ")][0].split(" | ")
   assert "[" not in summary[1]  # one seed: no interval across seeds
+  assert ("An interval across seeds needs at least 3 seeds (--seeds=0,1,2): "
+          "with 1 seed there is none") in text  # and it says why
   assert summary[-2:] == ["1", "– |"]  # seeds; no Table II value for digits
   rows = list(csv.DictReader(open(os.path.join(results, "digits",
                                                "table2.csv"))))
@@ -79,7 +82,8 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   assert ("Not in the table (no finished run): FedAvg seed 1; AugFL w/o PM "
           "seed 1.") in partial
   assert "[2/4] fedavg seed 1: no finished run in " in "\n".join(lines)
-  assert partial.split("Not in the table")[0] == text.split("Every run")[0]
+  assert partial.split("Not in the table")[0] == text.split(
+      "An interval across seeds")[0]
   with pytest.raises(ValueError, match="no finished run of fedavg"):
     table2.run_table(base, ["digits"], ["fedavg"], [5], out,
                      results_dir=str(tmp_path / "none"), finished_only=True)
@@ -229,3 +233,38 @@ def test_the_command_with_default_flags_leaves_the_committed_tables(
   assert "(default <output_dir>/tables, beside the runs;" in " ".join(
       command("--help").stdout.split())
 
+
+def test_fewer_than_three_seeds_are_said_to_give_no_useful_interval(
+    tmp_path):
+  """A method of 2 seeds gets its t-interval (1 degree of freedom) and a
+  line saying an interval across seeds needs 3; one of 1 seed none."""
+  test = {("augfl", 0): [18, 17, 19, 15, 20],
+          ("augfl", 1): [16, 18, 19, 17, 18],
+          ("fedavg", 0): [14, 17, 15, 12, 19]}
+  runs = [scores.load_run_score(_write_run(
+      tmp_path / f"{m}{s}", [9, 8, 10, 7], c, seed=s, algorithm=m), m, s)
+          for (m, s), c in test.items()]
+  configs = {m: training.validate(fields.replace(training.RunConfig(),
+                                                 algorithm=m))
+             for m in ("fedavg", "augfl")}
+  text = table2.write_table(runs, "digits", ["fedavg", "augfl"], configs,
+                            str(tmp_path / "out"), "test clients", [0, 1])
+  augfl = scores.across_seeds(runs, "augfl", True)
+  assert augfl.n == 2 and f"| AugFL w/ PM | {augfl.format()} | " in text
+  assert "[" in augfl.format()  # shown, and said to be of little use
+  note = [line for line in text.splitlines()
+          if line.startswith("An interval across seeds")]
+  assert note == [
+      "An interval across seeds needs at least 3 seeds (--seeds=0,1,2): "
+      "FedAvg has 1 seed, so no interval; AugFL w/ PM has 2 seeds, so a "
+      "t-interval with 1 degree of freedom, ± 12.71 standard errors (± 4.30 "
+      "with 3 seeds)."]
+  assert "| FedAvg | 77.00 | " in text  # one seed: the mean alone
+  # Three seeds each: no such line.
+  runs += [scores.load_run_score(_write_run(
+      tmp_path / f"{m}{s}", [9, 8, 10, 7], [15, 15, 15, 15, 15], seed=s,
+      algorithm=m), m, s) for m, s in (("augfl", 2), ("fedavg", 1),
+                                       ("fedavg", 2))]
+  assert "An interval across seeds" not in table2.write_table(
+      runs, "digits", ["fedavg", "augfl"], configs, str(tmp_path / "out"),
+      "test clients", [0, 1, 2])
