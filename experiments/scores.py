@@ -346,6 +346,34 @@ def paired(scores: list[RunScore], method: str, reference: str,
   return per_seed, overall
 
 
+def minus_reference(scores: list[RunScore], run: RunScore, reference: str,
+                    test_split: bool) -> intervals.Interval | None:
+  """``run`` minus the ``reference`` method's run of its seed, on the same
+  clients (:func:`check_same_clients`), with its interval across clients;
+  ``None`` where ``run`` is the reference's or the reference has no run of
+  its seed.
+
+  Raises:
+    ValueError: the two runs were not scored on the same clients.
+  """
+  same = next((s for s in scores if s.method == reference
+               and s.seed == run.seed), None)
+  if same is None or run.method == reference:
+    return None
+  check_same_clients(run, same, test_split)
+  return run.headline(test_split).minus(same.headline(test_split))
+
+
+def percent(interval: intervals.Interval | None) -> tuple[str, str, str]:
+  """``(estimate, low, high)`` of ``interval`` in % with two decimals, as a
+  table's CSV file holds them; ``""`` for an end it lacks (one seed or
+  client: no interval), and for all three without an interval."""
+  if interval is None:
+    return "", "", ""
+  return tuple("" if np.isnan(v) else f"{100 * v:.2f}"
+               for v in (interval.mean, interval.low, interval.high))
+
+
 def few_seeds_note(seeds: dict[str, int]) -> str:
   """One line saying that an interval across seeds needs at least 3
   seeds, where any of ``seeds`` (a column's name -> the seeds its interval

@@ -60,7 +60,6 @@ import os
 from typing import Any
 
 from absl import flags
-import numpy as np
 
 from augfl_jax import algorithms, training
 from augfl_jax.core import fields, intervals
@@ -178,10 +177,7 @@ def _csv_row(method: str, seed: str, rounds: int | str,
              diff: intervals.Interval | None,
              heldout: intervals.Interval | None, best: str, seconds: str,
              scored_on: str, interval: str) -> dict[str, str]:
-  ends = lambda i: ("", "", "") if i is None else tuple(
-      "" if np.isnan(v) else f"{100 * v:.2f}" for v in (i.mean, i.low,
-                                                           i.high))
-  a, d, h = ends(accuracy), ends(diff), ends(heldout)
+  a, d, h = map(scores.percent, (accuracy, diff, heldout))
   return {"method": method, "seed": seed, "rounds": rounds,
           "scored_on": scored_on, "interval": interval,
           "accuracy": a[0], "accuracy_ci_low": a[1],
@@ -285,12 +281,8 @@ def write_table(runs: list[scores.RunScore], dataset: str,
             "clients | best held-out | rounds | seconds |",
             "|---|---|---|---|---|---|---|---|"]
   for r in runs:
-    same = next((x for x in runs if x.method == reference and
-                 x.seed == r.seed), None)
-    if same is not None and r.method != reference:
-      scores.check_same_clients(r, same, test_split)
-    diff = (r.headline(test_split).minus(same.headline(test_split))
-            if same is not None and r.method != reference else None)
+    diff = (scores.minus_reference(runs, r, reference, test_split)
+            if reference else None)
     acc, held = r.headline(test_split).interval, r.heldout.interval
     lines.append(f"| {method_label(r.method, configs[r.method])} | "
                  f"{r.seed} | {_pct(acc)} | "
