@@ -686,7 +686,8 @@ def main(argv):
       rows = run_cells(base, cells, seeds, out,
                        checkpoint_every=FLAGS.checkpoint_every)
       write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
-                   f"{base.rounds} rounds", key, reference)
+                   f"{progress.counted(base.rounds, 'round')}", key,
+                   reference)
 
   run_comparison(body)
 
