@@ -9,9 +9,12 @@ r"""The paper's ablations of knowledge transfer, as commands.
 Every ``experiments.run`` flag applies to every cell (``--dataset``,
 ``--rounds``, ``--crd.nce_k``, ...). Each (cell, seed) run lands in
 ``--output_dir/<cell>/seed<seed>`` (reused when done), and the study writes
-``results.csv``, ``results.md`` (final test-client accuracy, mean ± std over
-``--seeds``) and ``curves.png`` (learning curves, mean ± std over seeds);
-the lambda study also ``accuracy_vs_lambda.png``.
+``results.csv`` and ``results.md`` as ``experiments.sweep`` writes them
+(per cell the final accuracy, the mean over ``--seeds`` with its 95%
+interval across seeds, and the paired difference to the first cell; per
+run, intervals across its clients: ``sweep.write_tables``) and
+``curves.png`` (learning curves, mean ± std over seeds); the lambda study
+also ``accuracy_vs_lambda.png``.
 """
 
 from __future__ import annotations

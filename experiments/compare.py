@@ -18,7 +18,9 @@ others. Per seed: each run's final accuracy with its 95% interval across
 clients, and the paired difference (same seed, same clients) with its
 interval across clients; over the seeds: each configuration's mean with its
 Student-t interval across seeds, and the mean paired difference with its
-t-interval across seeds (``experiments.scores`` defines them).
+t-interval across seeds (``experiments.scores`` defines them); with fewer
+than 3 seeds, a line under the table says that an interval across seeds
+needs at least 3.
 ``--clients`` picks the clients: ``auto`` (the default) compares the
 test-split clients where every run has them, else the protocol's held-out
 clients; ``test_split`` or ``held_out`` asks for one set (the held-out
@@ -265,6 +267,9 @@ def compare(runs: dict[str, str], seeds: list[int] | None = None,
            for other in others]
   lines.append(f"| mean of {len(seeds)} | " + " | ".join(means + diffs)
                + " |")
+  few = scores.few_seeds_note({name: len(seeds) for name in names})
+  if few:
+    lines += ["", few]
   lines += ["", "Runs: " + "; ".join(
       f"{name} = {directory}" + ("/seed<s>" if paths[name, seeds[0]]
                                  != directory else "")

@@ -22,6 +22,10 @@ the held-out accuracy otherwise. Intervals (``augfl_jax.core.intervals``):
   same seed and clients): per seed, the interval across clients of the
   difference of the two sample-weighted accuracies; over seeds, the mean
   of the per-seed differences with its t-interval across seeds.
+
+With fewer than 3 seeds a table says that an interval across seeds needs
+at least 3 (:func:`few_seeds_note`): 1 seed gives none, 2 a t-interval
+with 1 degree of freedom, 12.7 standard errors either side.
 """
 
 from __future__ import annotations
@@ -340,3 +344,56 @@ def paired(scores: list[RunScore], method: str, reference: str,
   overall = (intervals.mean_interval([d.mean for d in per_seed.values()])
              if per_seed else None)
   return per_seed, overall
+
+
+def minus_reference(scores: list[RunScore], run: RunScore, reference: str,
+                    test_split: bool) -> intervals.Interval | None:
+  """``run`` minus the ``reference`` method's run of its seed, on the same
+  clients (:func:`check_same_clients`), with its interval across clients;
+  ``None`` where ``run`` is the reference's or the reference has no run of
+  its seed.
+
+  Raises:
+    ValueError: the two runs were not scored on the same clients.
+  """
+  same = next((s for s in scores if s.method == reference
+               and s.seed == run.seed), None)
+  if same is None or run.method == reference:
+    return None
+  check_same_clients(run, same, test_split)
+  return run.headline(test_split).minus(same.headline(test_split))
+
+
+def percent(interval: intervals.Interval | None) -> tuple[str, str, str]:
+  """``(estimate, low, high)`` of ``interval`` in % with two decimals, as a
+  table's CSV file holds them; ``""`` for an end it lacks (one seed or
+  client: no interval), and for all three without an interval."""
+  if interval is None:
+    return "", "", ""
+  return tuple("" if np.isnan(v) else f"{100 * v:.2f}"
+               for v in (interval.mean, interval.low, interval.high))
+
+
+def few_seeds_note(seeds: dict[str, int]) -> str:
+  """One line saying that an interval across seeds needs at least 3
+  seeds, where any of ``seeds`` (a column's name -> the seeds its interval
+  across seeds rests on) has fewer: a Student-t interval with ``n - 1``
+  degrees of freedom is none from 1 seed, and from 2 spans 12.71 standard
+  errors either side (4.30 from 3). ``""`` when every one has 3 or more. The names are listed only
+  where the columns differ."""
+  few = {n: [name for name, k in seeds.items() if k == n]
+         for n in (1, 2) if n in seeds.values()}
+  if not few:
+    return ""
+  wide = ("a t-interval with 1 degree of freedom, ± "
+          f"{intervals.t_quantile(1):.2f} standard errors (± "
+          f"{intervals.t_quantile(2):.2f} with 3 seeds)")
+  if len(set(seeds.values())) == 1:
+    said = {1: "with 1 seed there is none (each run has its own, across its "
+               "clients)", 2: f"with 2 seeds it is {wide}"}
+  else:
+    said = {n: ", ".join(names) + (" has" if len(names) == 1 else " have")
+               + (" 1 seed, so no interval" if n == 1 else
+                  f" 2 seeds, so {wide}") for n, names in few.items()}
+  return ("An interval across seeds needs at least 3 seeds "
+          "(--seeds=0,1,2): " + "; ".join(said[n] for n in few) + ".")

@@ -15,8 +15,16 @@ checkpoint sealed (its configuration, round and records); one whose files
 are not what it sealed (copied from another run, edited, torn) is refused
 in one line with the command that writes them again. Writes
 ``results.json`` (what the table is of: each cell's configuration and the
-seeds), ``results.csv`` (one row per run) and ``results.md`` (final
-test-client accuracy, mean ± std over seeds, per cell). A table of other
+seeds), ``results.md`` and ``results.csv``, scored as
+``experiments.table2`` scores (``experiments.scores``): per cell, the
+final accuracy on the test-split clients where every run has them (else
+on the protocol's held-out clients), the mean of the seeds with its 95%
+t-interval across seeds, and the paired difference to the reference cell
+(``--reference``, default the first; the same seed, the same clients)
+with its interval across seeds; per run, its accuracy and paired
+difference with their intervals across clients (:func:`write_tables`).
+With fewer than 3 seeds the table says that an interval across seeds
+needs at least 3. A table of other
 cells, seeds or configuration in ``--output_dir`` is never replaced by a
 smaller one: the sweep stops before any run unless ``--replace_results``
 is given; ``--grid`` or ``--seeds`` naming nothing, or a value twice, is
@@ -47,7 +55,7 @@ from absl import flags
 import numpy as np
 
 from augfl_jax import training
-from augfl_jax.core import fields, progress
+from augfl_jax.core import fields, intervals, progress
 from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
 from experiments import cli as run_flags
@@ -511,27 +519,144 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
   return buffer.getvalue()
 
 
+def reference_cell(cells: list[str], reference: str | None) -> str:
+  """The cell the others are paired with: ``reference`` (a cell's name,
+  :func:`cell_name`), or the first of ``cells`` when it is ``None``.
+
+  Raises:
+    ValueError: ``reference`` names no cell (one line listing them).
+  """
+  if reference is None or reference == "":
+    return cells[0]
+  if reference not in cells:
+    raise ValueError(f"--reference={reference} names no cell; name one of "
+                     f"{', '.join(cells)}")
+  return reference
+
+
 def write_tables(rows: list[dict[str, Any]], out: str, title: str,
-                 key: dict[str, Any] | None = None) -> str:
+                 key: dict[str, Any] | None = None,
+                 reference: str | None = None,
+                 log: Callable[[str], None] = print) -> str:
   """Writes ``results.json`` (``key``, what the table is of:
   :func:`table_key`; first, so that a table stopped between its files is
-  one its rerun writes again), ``results.csv`` and ``results.md`` (mean ±
-  std over seeds per cell) to ``out``; returns the markdown."""
+  one its rerun writes again), ``results.csv`` and ``results.md`` to
+  ``out``; prints and returns the markdown.
+
+  Each run of ``rows`` (:func:`run_cells`) is scored from its newest
+  checkpoint (``scores.load_run_score``), as ``experiments.table2`` scores
+  its runs: on the test-split clients where every run has them, else on
+  the protocol's held-out clients. Per cell: the mean of its seeds'
+  accuracies with the 95% t-interval across seeds, and the paired
+  difference to the ``reference`` cell (:func:`reference_cell`: the
+  first by default; the same seeds and clients) with its interval across
+  seeds; a cell scored on other clients than the reference's (a grid over
+  the data) is not paired, saying why; a line says where a cell has fewer
+  than 3 seeds. Per run: its accuracy with its interval across its
+  clients and its paired difference to the reference's run of its seed.
+  ``results.csv`` holds the same figures in %: a row per cell (``seed``
+  "all", intervals across seeds) then a row per run (intervals across
+  clients), with the cells' fields.
+  """
   if key is not None:
     outputs.write_text_atomic(os.path.join(out, "results.json"),
                               json.dumps(key, indent=1, sort_keys=True))
-  outputs.write_text_atomic(os.path.join(out, "results.csv"), csv_text(rows))
-  lines = [f"{title}: final test-client accuracy (%), mean ± std over seeds",
-           "",
-           "| cell | accuracy | seeds |", "|---|---|---|"]
-  for cell in dict.fromkeys(r["cell"] for r in rows):
-    acc = [100 * r["final_accuracy"] for r in rows if r["cell"] == cell]
-    lines.append(f"| {cell} | {np.mean(acc):.2f} ± {np.std(acc):.2f} | "
-                 f"{len(acc)} |")
+  runs = [scores.load_run_score(r["run_dir"], r["cell"], r["seed"], log)
+          for r in rows]
+  cells = list(dict.fromkeys(r["cell"] for r in rows))
+  fields_of = {r["cell"]: {k: v for k, v in r.items() if k not in _ROW}
+               for r in rows}
+  reference = reference_cell(cells, reference)
+  paired = len(cells) > 1
+  test_split = scores.uses_test_split(runs)
+  where = "test_split" if test_split else "heldout"
+  unpaired = {}  # cell -> why it has no paired difference
+  summaries, csv_rows = [], []
+  for cell in cells:
+    diff = None
+    if paired and cell != reference:
+      try:
+        diff = scores.paired(runs, cell, reference, test_split)[1]
+      except ValueError as e:
+        unpaired[cell] = str(e)
+    summaries.append((cell, scores.across_seeds(runs, cell, test_split),
+                      diff, scores.across_seeds(runs, cell, False),
+                      sum(r.method == cell for r in runs)))
+  headline = ("test-split clients" if test_split else
+              "the protocol's held-out clients")
+  minus = f"minus {reference}"
+  lines = [f"# {title}", "",
+           f"Accuracy (%) after the last round on {headline}. `a [l, h]` "
+           "is an estimate a with its 95% confidence interval. Across "
+           "seeds: the mean of the seeds' accuracies, Student's t with "
+           "n - 1 degrees of freedom. Across clients (one run): the "
+           "sample-weighted accuracy over its clients (augfl_jax.intervals)."
+           + (f" \"{minus}\" is paired: the same seed, the same clients."
+              if paired else ""), "",
+           "| cell | accuracy, 95% CI across seeds | "
+           + (f"{minus}, 95% CI across seeds | " if paired else "")
+           + ("held-out clients, 95% CI across seeds | " if test_split
+              else "") + "seeds |",
+           "|---" * (3 + paired + test_split) + "|"]
+  for cell, acc, diff, held, n in summaries:
+    lines.append(f"| {cell} | {acc.format()} | "
+                 + (f"{_dash(diff)} | " if paired else "")
+                 + (f"{held.format()} | " if test_split else "") + f"{n} |")
+    rounds = next(r.rounds for r in runs if r.method == cell)
+    csv_rows.append(_csv_row(cell, "all", fields_of[cell], reference,
+                             rounds, where, "seeds", acc, diff, held))
+  few = scores.few_seeds_note({s[0]: s[-1] for s in summaries})
+  notes = [f"{cell} is not paired with {reference}: {why}."
+           for cell, why in unpaired.items()] + ([few] if few else [])
+  lines += ["", "\n\n".join(notes)] if notes else []
+  lines += ["", "Every run (95% CI across its clients):", "",
+            "| cell | seed | accuracy | " + (f"{minus} | " if paired else "")
+            + "held-out clients | best held-out | rounds | seconds |",
+            "|---" * (7 + paired) + "|"]
+  for r in runs:
+    diff = (scores.minus_reference(runs, r, reference, test_split)
+            if paired and r.method not in unpaired else None)
+    acc, held = r.headline(test_split).interval, r.heldout.interval
+    lines.append(f"| {r.method} | {r.seed} | {acc.format()} | "
+                 + (f"{_dash(diff)} | " if paired else "")
+                 + f"{held.format()} | {100 * r.best_heldout:.2f} | "
+                 f"{r.rounds} | {r.seconds:.0f} |")
+    csv_rows.append({**_csv_row(r.method, str(r.seed), fields_of[r.method],
+                                reference, r.rounds, where, "clients", acc,
+                                diff, held),
+                     "best_heldout_accuracy": f"{100 * r.best_heldout:.2f}",
+                     "seconds": f"{r.seconds:.0f}", "run_dir": r.run_dir})
+  outputs.write_text_atomic(os.path.join(out, "results.csv"),
+                            csv_text(csv_rows))
   text = "\n".join(lines) + "\n"
   outputs.write_text_atomic(os.path.join(out, "results.md"), text)
   print(text)
   return text
+
+
+# What a row of run_cells holds beside its cell's fields.
+_ROW = ("cell", "seed", "final_accuracy", "best_accuracy", "seconds",
+        "run_dir")
+
+
+def _dash(interval: intervals.Interval | None) -> str:
+  return "–" if interval is None else interval.format()
+
+
+def _csv_row(cell: str, seed: str, cell_fields: dict[str, Any],
+             reference: str, rounds: int, scored_on: str, interval: str,
+             accuracy: intervals.Interval,
+             diff: intervals.Interval | None,
+             heldout: intervals.Interval) -> dict[str, Any]:
+  """A row of ``results.csv``: figures in % (``scores.percent``)."""
+  a, d, h = map(scores.percent, (accuracy, diff, heldout))
+  return {"cell": cell, "seed": seed, **cell_fields, "rounds": rounds,
+          "scored_on": scored_on, "interval": interval,
+          "accuracy": a[0], "accuracy_ci_low": a[1],
+          "accuracy_ci_high": a[2], "reference": reference,
+          "minus_reference": d[0], "minus_reference_ci_low": d[1],
+          "minus_reference_ci_high": d[2], "heldout_accuracy": h[0],
+          "heldout_ci_low": h[1], "heldout_ci_high": h[2]}
 
 
 def main(argv):
@@ -550,6 +675,7 @@ def main(argv):
       except (ValueError, TypeError) as e:  # a section's own check
         raise ValueError(f"--grid cell {cell_name(cell)}: {e}") from None
       configs[cell_name(cell)] = training.validate(config)
+    reference = reference_cell(list(configs), FLAGS.reference)
     key = table_key(configs, seeds)
     out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
     with exclusive(out):  # its runs, then its tables
@@ -560,7 +686,8 @@ def main(argv):
       rows = run_cells(base, cells, seeds, out,
                        checkpoint_every=FLAGS.checkpoint_every)
       write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
-                   f"{base.rounds} rounds", key)
+                   f"{progress.counted(base.rounds, 'round')}", key,
+                   reference)
 
   run_comparison(body)
 
@@ -572,5 +699,8 @@ if __name__ == "__main__":
   flags.DEFINE_bool("replace_results", False, "replace a table of other "
                     "cells, seeds or configuration in --output_dir (refused "
                     "otherwise)")
+  flags.DEFINE_string("reference", None, "the cell the others are paired "
+                      "with, by its name in the table (e.g. augfl.rho=0.7; "
+                      "default: the first cell of --grid)")
   define_seeds_flag()
   run_flags.main_runner(main)

@@ -28,15 +28,19 @@ Every run is scored on its test-split clients where the dataset has a test
 split (many held-out clients drawn from it under the same protocol, the
 same for every method of a seed: ``--eval.test_clients``), and on the
 protocol's own held-out clients. The tables go to ``--results_dir``
-(default ``results``), per dataset, in ``<results_dir>/<dataset>/``:
+(default ``<output_dir>/tables``, beside the runs), per dataset, in
+``<results_dir>/<dataset>/``; the repository's committed tables are
+written only where ``--results_dir=results`` names them:
 
 * ``table2.md``: the configuration the runs share and each method's own
   hyper-parameters; per method the mean over seeds of the final accuracy
   with its 95% interval across seeds, the paired difference to AugFL w/ PM
   (same seed, same clients) with its interval across seeds, the held-out
   clients' accuracy, and the paper's Table II; the PM's effect (AugFL w/
-  PM minus w/o PM, paired) over seeds and per seed; then every run with
-  its intervals across clients (``experiments.scores`` defines them all);
+  PM minus w/o PM, paired) over seeds and per seed; a line saying that an
+  interval across seeds needs at least 3 seeds where a method has fewer;
+  then every run with its intervals across clients (``experiments.scores``
+  defines them all);
 * ``table2.csv``: the same figures, in %: one row per run (``seed`` a
   number, intervals across clients), per method (``seed`` "all",
   intervals across seeds) and for the PM's effect (``method``
@@ -56,7 +60,6 @@ import os
 from typing import Any
 
 from absl import flags
-import numpy as np
 
 from augfl_jax import algorithms, training
 from augfl_jax.core import fields, intervals
@@ -135,8 +138,11 @@ def define_flags() -> None:
   that importing the module defines none."""
   sweep.define_command_flags("runs/table2")
   flags.DEFINE_list("datasets", ["digits"], "datasets (rows of the table)")
-  flags.DEFINE_string("results_dir", "results", "the tables go to "
-                      "<results_dir>/<dataset>/table2.{md,csv,json}")
+  flags.DEFINE_string("results_dir", None, "the tables go to "
+                      "<results_dir>/<dataset>/table2.{md,csv,json} "
+                      "(default <output_dir>/tables, beside the runs; "
+                      "--results_dir=results writes the repository's "
+                      "committed tables)")
   flags.DEFINE_bool("replace_results", False, "replace a table of another "
                     "configuration in --results_dir (refused otherwise)")
   flags.DEFINE_bool("finished_only", False, "run nothing: tabulate the "
@@ -160,15 +166,18 @@ def _pct(interval: intervals.Interval | None) -> str:
   return "–" if interval is None else interval.format()
 
 
+def default_results_dir(out: str) -> str:
+  """Where the tables go without ``--results_dir``: beside the runs in
+  ``out``, never into the repository's committed ``results/``."""
+  return os.path.join(out, "tables")
+
+
 def _csv_row(method: str, seed: str, rounds: int | str,
              accuracy: intervals.Interval | None,
              diff: intervals.Interval | None,
              heldout: intervals.Interval | None, best: str, seconds: str,
              scored_on: str, interval: str) -> dict[str, str]:
-  ends = lambda i: ("", "", "") if i is None else tuple(
-      "" if np.isnan(v) else f"{100 * v:.2f}" for v in (i.mean, i.low,
-                                                           i.high))
-  a, d, h = ends(accuracy), ends(diff), ends(heldout)
+  a, d, h = map(scores.percent, (accuracy, diff, heldout))
   return {"method": method, "seed": seed, "rounds": rounds,
           "scored_on": scored_on, "interval": interval,
           "accuracy": a[0], "accuracy_ci_low": a[1],
@@ -248,6 +257,11 @@ def write_table(runs: list[scores.RunScore], dataset: str,
              for m, ss in missing.items() if ss]
   if lacking:
     lines += ["", f"Not in the table (no finished run): {'; '.join(lacking)}."]
+  few = scores.few_seeds_note({method_label(m, configs[m]): sum(
+      r.method == m for r in runs) for m in methods if any(
+          r.method == m for r in runs)})
+  if few:
+    lines += ["", few]
   if reference and "augfl_wo_pm" in methods:
     per_seed, effect = scores.paired(runs, "augfl", "augfl_wo_pm",
                                      test_split)
@@ -267,12 +281,8 @@ def write_table(runs: list[scores.RunScore], dataset: str,
             "clients | best held-out | rounds | seconds |",
             "|---|---|---|---|---|---|---|---|"]
   for r in runs:
-    same = next((x for x in runs if x.method == reference and
-                 x.seed == r.seed), None)
-    if same is not None and r.method != reference:
-      scores.check_same_clients(r, same, test_split)
-    diff = (r.headline(test_split).minus(same.headline(test_split))
-            if same is not None and r.method != reference else None)
+    diff = (scores.minus_reference(runs, r, reference, test_split)
+            if reference else None)
     acc, held = r.headline(test_split).interval, r.heldout.interval
     lines.append(f"| {method_label(r.method, configs[r.method])} | "
                  f"{r.seed} | {_pct(acc)} | "
@@ -307,7 +317,7 @@ def check_results(directory: str, key: dict[str, Any], replace: bool
 def run_table(base: training.RunConfig, datasets: list[str],
               methods: list[str], seeds: list[int], out: str,
               checkpoint_every: int = training.CHECKPOINT_EVERY,
-              results_dir: str = "results", replace_results: bool = False,
+              results_dir: str | None = None, replace_results: bool = False,
               log=print, finished_only: bool = False) -> str:
   """Runs (or reuses) every (dataset, method, seed) cell under
   ``out/<dataset>/<method>/seed<seed>`` and writes each dataset's tables to
@@ -322,7 +332,8 @@ def run_table(base: training.RunConfig, datasets: list[str],
     seeds: the seeds of every cell.
     out: the runs' directory.
     checkpoint_every: as ``training.run``'s.
-    results_dir: the tables' root.
+    results_dir: the tables' root (default
+      :func:`default_results_dir`, ``out/tables``).
     replace_results: replace a table of another configuration
       (:func:`check_results`) instead of refusing.
     log: receives the progress lines (``sweep.run_cells``).
@@ -345,6 +356,7 @@ def run_table(base: training.RunConfig, datasets: list[str],
       configuration, a table of another configuration in ``results_dir``,
       or a directory another command is writing (all before any run).
   """
+  results_dir = results_dir or default_results_dir(out)
   for values, flag in ((methods, "methods"), (datasets, "datasets"),
                        (seeds, "seeds")):
     sweep.distinct(list(values), f"--{flag}")
@@ -440,6 +452,7 @@ def main(argv):
   del argv  # flags only (run_flags.parse_flags)
   run_flags.start_command()
   out = FLAGS.output_dir or "runs/table2"
+  results_dir = FLAGS.results_dir or default_results_dir(out)
 
   def body():
     sweep.check_run_control()
@@ -447,12 +460,12 @@ def main(argv):
                      FLAGS.methods, sweep.parse_list(FLAGS.seeds, int,
                                                      "seeds"), out,
                      checkpoint_every=FLAGS.checkpoint_every,
-                     results_dir=FLAGS.results_dir,
+                     results_dir=results_dir,
                      replace_results=FLAGS.replace_results,
                      finished_only=FLAGS.finished_only)
 
   print(sweep.run_comparison(body))
-  print(f"runs in {out}; tables in {FLAGS.results_dir}/<dataset>/")
+  print(f"runs in {out}; tables in {results_dir}/<dataset>/")
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ def _base(**changes):
 
 
 def _cells(out):
+  """The cells of the study's table, in order (its rows across seeds)."""
   return [r["cell"] for r in csv.DictReader(
-      open(os.path.join(out, "results.csv")))]
+      open(os.path.join(out, "results.csv"))) if r["seed"] == "all"]
 
 
 @pytest.mark.slow
@@ -59,7 +60,9 @@ def test_kt_study(tmp_path, pm_dir):
                          "algorithm=augfl_augfl.lam=5.0",
                          "algorithm=kt_only_augfl.lam=5.0"]
   text = open(os.path.join(out, "results.md")).read()
-  assert text.count("| algorithm=") == 3
+  assert text.count("| algorithm=") == 6  # a row per cell, then per run
+  assert "| minus algorithm=augfl_augfl.lam=0.0, 95% CI across seeds |" in (
+      text)  # paired with the study's first cell
   assert os.path.getsize(os.path.join(out, "curves.png")) > 0
   # The curves are told apart by the cells' fields, named by their last part.
   curves = plot.group_curves(plot.find_runs([out]),

@@ -42,6 +42,29 @@ def test_the_table_holds_the_paired_differences(tmp_path):
   assert intervals.mean_interval(per_seed).format() in text
 
 
+def test_fewer_than_three_seeds_are_said_to_give_no_useful_interval(
+    tmp_path):
+  """2 seeds: the t-interval across seeds (1 degree of freedom) with a
+  line saying that one needs 3 seeds; 1 seed: no interval across seeds,
+  said so; 3 seeds: no such line."""
+  runs = _runs(tmp_path)
+  two = compare.compare(runs, [0, 1]).splitlines()
+  assert two[-5].startswith("| mean of 2 | ") and "[" in two[-5]  # shown
+  assert two[-3] == (
+      "An interval across seeds needs at least 3 seeds (--seeds=0,1,2): with "
+      "2 seeds it is a t-interval with 1 degree of freedom, ± 12.71 standard "
+      "errors (± 4.30 with 3 seeds).")
+  one = compare.compare(runs, [0]).splitlines()
+  assert one[-5] == "| mean of 1 | 89.00 | 87.00 | 2.00 |"  # no interval
+  assert one[-3] == (
+      "An interval across seeds needs at least 3 seeds (--seeds=0,1,2): with "
+      "1 seed there is none (each run has its own, across its clients).")
+  for name in ("cheap", "full"):
+    _write_run(tmp_path / name / "seed2", [9, 8, 10, 7], [15, 16, 17, 18, 19],
+               seed=2)
+  assert "An interval across seeds" not in compare.compare(runs, [0, 1, 2])
+
+
 def test_the_held_out_clients_on_request(tmp_path):
   """--clients=held_out pairs the protocol's held-out clients even where
   the runs have test-split clients; test_split is refused of a run

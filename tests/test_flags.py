@@ -130,7 +130,7 @@ def test_run_help_groups_every_flag_once_common_first_and_exits_0():
     ("experiments.table2", ["datasets", "finished_only", "methods",
                             "replace_results", "results_dir", "seeds"],
      "runs/table2"),
-    ("experiments.sweep", ["grid", "replace_results", "seeds"],
+    ("experiments.sweep", ["grid", "reference", "replace_results", "seeds"],
      "runs/sweep_<algorithm>"),
     ("experiments.ablations", ["lams", "seeds", "study"],
      "runs/ablation_<study>_<dataset>"),

@@ -14,7 +14,8 @@ import pytest
 
 from augfl_jax.core import fields
 from augfl_jax import training
-from experiments import sweep
+from experiments import scores, sweep
+from tests.test_scores import _write_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,6 +82,107 @@ def test_finished_runs_are_reused_continued_or_refused(tmp_path):
   assert not sweep.resumable(str(foreign))
 
 
+def _rows(tmp_path, correct, test_counts=None):
+  """Finished runs of ``correct`` ((cell, seed) -> test-split clients'
+  correct predictions, or None for a run without them), as run_cells
+  gives them: one row per run."""
+  rows = []
+  for (cell, seed), test in correct.items():
+    run_dir = _write_run(tmp_path / cell / f"seed{seed}", [9, 8, 10, 7],
+                         test, seed=seed, test_counts=(test_counts or {}).get(
+                             cell, (20,) * 5))
+    rows.append({"cell": cell, "seed": seed,
+                 "augfl.rho": float(cell.partition("=")[2]),
+                 "final_accuracy": 0.85, "best_accuracy": 0.85,
+                 "seconds": 3.0, "run_dir": run_dir})
+  return rows
+
+
+SWEPT = {("rho=0.7", 0): [18, 17, 19, 15, 20],
+         ("rho=0.7", 1): [16, 18, 19, 17, 18],
+         ("rho=0.7", 2): [17, 17, 18, 16, 19],
+         ("rho=0.2", 0): [14, 17, 15, 12, 19],
+         ("rho=0.2", 1): [15, 12, 18, 16, 17],
+         ("rho=0.2", 2): [16, 17, 20, 15, 18]}
+
+
+def test_the_table_scores_as_table2_does(tmp_path, capsys):
+  """Per cell the mean of its seeds with the t-interval across seeds and
+  the paired difference to the first cell; per run, intervals across its
+  clients; the CSV file the same figures in %."""
+  rows = _rows(tmp_path, SWEPT)
+  runs = [scores.load_run_score(r["run_dir"], r["cell"], r["seed"])
+          for r in rows]
+  text = sweep.write_tables(rows, str(tmp_path), "augfl on digits")
+  assert capsys.readouterr().out == text + "\n"  # printed
+  assert (tmp_path / "results.md").read_text() == text
+  lines = text.splitlines()
+  assert lines[0] == "# augfl on digits"
+  assert "on test-split clients" in lines[2]
+  acc = {c: scores.across_seeds(runs, c, True) for c in ("rho=0.7",
+                                                         "rho=0.2")}
+  diff = scores.paired(runs, "rho=0.2", "rho=0.7", True)
+  held = scores.across_seeds(runs, "rho=0.2", False)
+  assert lines[4] == ("| cell | accuracy, 95% CI across seeds | minus "
+                      "rho=0.7, 95% CI across seeds | held-out clients, 95% "
+                      "CI across seeds | seeds |")
+  assert f"| rho=0.7 | {acc['rho=0.7'].format()} | – | " in text
+  assert (f"| rho=0.2 | {acc['rho=0.2'].format()} | {diff[1].format()} | "
+          f"{held.format()} | 3 |") in text
+  assert "[" in diff[1].format() and acc["rho=0.2"].n == 3
+  for seed, d in diff[0].items():  # each run against the first cell's
+    run = next(r for r in runs if (r.method, r.seed) == ("rho=0.2", seed))
+    assert (f"| rho=0.2 | {seed} | {run.test_split.interval.format()} | "
+            f"{d.format()} | {run.heldout.interval.format()} | 85.00 | 5 | "
+            "3 |") in text
+  assert "An interval across seeds" not in text  # 3 seeds
+  table = list(csv.DictReader(open(tmp_path / "results.csv")))
+  assert [(r["cell"], r["seed"], r["interval"]) for r in table] == [
+      ("rho=0.7", "all", "seeds"), ("rho=0.2", "all", "seeds")] + [
+          (c, str(s), "clients") for c, s in SWEPT]
+  assert (table[1]["accuracy"], table[1]["accuracy_ci_low"],
+          table[1]["minus_reference_ci_high"], table[1]["reference"],
+          table[1]["augfl.rho"], table[1]["scored_on"]) == (
+              f"{100 * acc['rho=0.2'].mean:.2f}",
+              f"{100 * acc['rho=0.2'].low:.2f}",
+              f"{100 * diff[1].high:.2f}", "rho=0.7", "0.2", "test_split")
+  assert table[5]["run_dir"] == rows[3]["run_dir"]
+  # Another reference; one that names no cell is refused.
+  other = sweep.write_tables(rows, str(tmp_path), "t", reference="rho=0.2")
+  assert (f"| rho=0.7 | {acc['rho=0.7'].format()} | "
+          f"{scores.paired(runs, 'rho=0.7', 'rho=0.2', True)[1].format()} | "
+          ) in other
+  with pytest.raises(ValueError, match=r"^--reference=rho=0.5 names no cell; "
+                     "name one of rho=0.7, rho=0.2$"):
+    sweep.write_tables(rows, str(tmp_path), "t", reference="rho=0.5")
+
+
+def test_cells_on_other_clients_or_few_seeds_are_said_so(tmp_path):
+  """A cell scored on other clients than the reference's is not paired
+  (the line says why); a run without test-split clients makes every cell
+  scored on the held-out clients; 2 seeds are said to give a t-interval
+  of little use."""
+  two = {k: v for k, v in SWEPT.items() if k[1] < 2}
+  text = sweep.write_tables(
+      _rows(tmp_path / "a", two, {"rho=0.2": (20, 20, 20, 20, 21)}),
+      str(tmp_path / "a"), "t")
+  assert "| rho=0.2 | " in text and " | – | " in text.split("| rho=0.2 |")[1]
+  assert ("rho=0.2 is not paired with rho=0.7: " in text and
+          "were not scored on the same clients" in text)
+  assert ("An interval across seeds needs at least 3 seeds (--seeds=0,1,2): "
+          "with 2 seeds it is a t-interval") in text
+  text = sweep.write_tables(_rows(tmp_path / "b", {**two, ("rho=0.2", 1):
+                                                   None}),
+                            str(tmp_path / "b"), "t")
+  assert "on the protocol's held-out clients" in text
+  assert "held-out clients, 95% CI across seeds" not in text  # the headline
+  one = sweep.write_tables(_rows(tmp_path / "c", {("rho=0.7", 0): [1] * 5}),
+                           str(tmp_path / "c"), "t").splitlines()
+  assert one[4:7] == ["| cell | accuracy, 95% CI across seeds | held-out "
+                      "clients, 95% CI across seeds | seeds |",
+                      "|---|---|---|---|", "| rho=0.7 | 5.00 | 85.00 | 1 |"]
+
+
 @pytest.mark.slow
 def test_cli_writes_its_tables_and_bad_grids_are_one_line(tmp_path,
                                                           compile_cache):
@@ -95,13 +197,18 @@ def test_cli_writes_its_tables_and_bad_grids_are_one_line(tmp_path,
   assert result.returncode == 0, result.stderr
   assert "| augfl.rho=0.2 |" in result.stdout
   rows = list(csv.DictReader(open(tmp_path / "out" / "results.csv")))
-  assert [(r["cell"], r["augfl.rho"]) for r in rows] == [
-      ("augfl.rho=0.7", "0.7"), ("augfl.rho=0.2", "0.2")]
+  assert [(r["cell"], r["seed"], r["augfl.rho"]) for r in rows] == [
+      ("augfl.rho=0.7", "all", "0.7"), ("augfl.rho=0.2", "all", "0.2"),
+      ("augfl.rho=0.7", "0", "0.7"), ("augfl.rho=0.2", "0", "0.2")]
+  assert rows[1]["reference"] == "augfl.rho=0.7" and rows[1]["minus_reference"]
   for args, message in (
       (["--grid=rho=0.7"], "error: bad --grid entry 'rho=0.7'"),
       (["--grid=augfl.rho=0"], "error: --grid cell augfl.rho=0.0: augfl.rho "
        "must be > 0"),
       (["--overwrite"], "error: --overwrite: a comparison command"),
+      (["--grid=augfl.rho=0.7,0.2", "--reference=augfl.rho=0.5"],
+       "error: --reference=augfl.rho=0.5 names no cell; name one of "
+       "augfl.rho=0.7, augfl.rho=0.2"),
       (["--seeds=a"], "error: --seeds takes int values"),
       (["--rounds=x"], "error: flag --rounds=x")):
     result = cli(*args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,8 +13,9 @@ import pytest
 
 from augfl_jax.core import fields
 from augfl_jax import training
-from experiments import table2
+from experiments import scores, table2
 from tests import run_files
+from tests.test_scores import _write_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,6 +47,8 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   summary = [line for line in text.splitlines()
              if line.startswith("| FedAvg | ")][0].split(" | ")
   assert "[" not in summary[1]  # one seed: no interval across seeds
+  assert ("An interval across seeds needs at least 3 seeds (--seeds=0,1,2): "
+          "with 1 seed there is none") in text  # and it says why
   assert summary[-2:] == ["1", "– |"]  # seeds; no Table II value for digits
   rows = list(csv.DictReader(open(os.path.join(results, "digits",
                                                "table2.csv"))))
@@ -78,7 +82,8 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   assert ("Not in the table (no finished run): FedAvg seed 1; AugFL w/o PM "
           "seed 1.") in partial
   assert "[2/4] fedavg seed 1: no finished run in " in "\n".join(lines)
-  assert partial.split("Not in the table")[0] == text.split("Every run")[0]
+  assert partial.split("Not in the table")[0] == text.split(
+      "An interval across seeds")[0]
   with pytest.raises(ValueError, match="no finished run of fedavg"):
     table2.run_table(base, ["digits"], ["fedavg"], [5], out,
                      results_dir=str(tmp_path / "none"), finished_only=True)
@@ -173,3 +178,93 @@ def test_unknown_method_is_one_line_on_the_cli(tmp_path, compile_cache):
   assert result.stderr.splitlines()[-1].startswith(
       "error: unknown --methods fedsgd")
   assert "Traceback" not in result.stderr
+
+
+def _snapshot(root):
+  """Every file under ``root`` with its bytes: what ``git status`` sees."""
+  return {os.path.relpath(os.path.join(d, f), root):
+          open(os.path.join(d, f), "rb").read()
+          for d, _, files in os.walk(root) for f in files}
+
+
+def test_tables_go_beside_the_runs_unless_results_is_named(tmp_path,
+                                                           monkeypatch):
+  """From a checkout's root (here a copy of its committed results/), a
+  table without --results_dir goes to <output_dir>/tables and leaves the
+  committed tables as they were; naming results/ writes there."""
+  shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "results")
+  monkeypatch.chdir(tmp_path)
+  committed = _snapshot("results")
+  args = (training.RunConfig(rounds=1), ["digits"], ["fedavg"], [0],
+          os.path.join("runs", "table2"))
+  text = table2.run_table(*args, log=lambda s: None)
+  assert _snapshot("results") == committed
+  assert open(os.path.join("runs", "table2", "tables", "digits",
+                           "table2.md")).read() == text
+  assert table2.default_results_dir("runs/x") == "runs/x/tables"
+  # Named, the committed table is written (replaced: it is of another
+  # configuration).
+  assert table2.run_table(*args, results_dir="results", replace_results=True,
+                          log=lambda s: None) == text
+  assert open(os.path.join("results", "digits", "table2.md")).read() == text
+
+
+@pytest.mark.slow
+def test_the_command_with_default_flags_leaves_the_committed_tables(
+    tmp_path, compile_cache):
+  """``python -m experiments.table2`` run where the committed results/
+  lies, --results_dir not given: exit 0, results/ unchanged, and the
+  command says where the tables went (its --help says so too)."""
+  shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "results")
+  committed = _snapshot(tmp_path / "results")
+  env = {**os.environ, "XDG_CACHE_HOME": compile_cache,
+         "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  command = lambda *a: subprocess.run(
+      [sys.executable, "-m", "experiments.table2", *a], cwd=tmp_path,
+      capture_output=True, text=True, timeout=300, env=env)
+  result = command("--datasets=digits", "--methods=fedavg", "--seeds=0",
+                   "--rounds=1")
+  assert result.returncode == 0, result.stderr
+  assert _snapshot(tmp_path / "results") == committed
+  assert result.stdout.splitlines()[-1] == (
+      "runs in runs/table2; tables in runs/table2/tables/<dataset>/")
+  assert (tmp_path / "runs" / "table2" / "tables" / "digits" /
+          "table2.md").is_file()
+  assert "(default <output_dir>/tables, beside the runs;" in " ".join(
+      command("--help").stdout.split())
+
+
+def test_fewer_than_three_seeds_are_said_to_give_no_useful_interval(
+    tmp_path):
+  """A method of 2 seeds gets its t-interval (1 degree of freedom) and a
+  line saying an interval across seeds needs 3; one of 1 seed none."""
+  test = {("augfl", 0): [18, 17, 19, 15, 20],
+          ("augfl", 1): [16, 18, 19, 17, 18],
+          ("fedavg", 0): [14, 17, 15, 12, 19]}
+  runs = [scores.load_run_score(_write_run(
+      tmp_path / f"{m}{s}", [9, 8, 10, 7], c, seed=s, algorithm=m), m, s)
+          for (m, s), c in test.items()]
+  configs = {m: training.validate(fields.replace(training.RunConfig(),
+                                                 algorithm=m))
+             for m in ("fedavg", "augfl")}
+  text = table2.write_table(runs, "digits", ["fedavg", "augfl"], configs,
+                            str(tmp_path / "out"), "test clients", [0, 1])
+  augfl = scores.across_seeds(runs, "augfl", True)
+  assert augfl.n == 2 and f"| AugFL w/ PM | {augfl.format()} | " in text
+  assert "[" in augfl.format()  # shown, and said to be of little use
+  note = [line for line in text.splitlines()
+          if line.startswith("An interval across seeds")]
+  assert note == [
+      "An interval across seeds needs at least 3 seeds (--seeds=0,1,2): "
+      "FedAvg has 1 seed, so no interval; AugFL w/ PM has 2 seeds, so a "
+      "t-interval with 1 degree of freedom, ± 12.71 standard errors (± 4.30 "
+      "with 3 seeds)."]
+  assert "| FedAvg | 77.00 | " in text  # one seed: the mean alone
+  # Three seeds each: no such line.
+  runs += [scores.load_run_score(_write_run(
+      tmp_path / f"{m}{s}", [9, 8, 10, 7], [15, 15, 15, 15, 15], seed=s,
+      algorithm=m), m, s) for m, s in (("augfl", 2), ("fedavg", 1),
+                                       ("fedavg", 2))]
+  assert "An interval across seeds" not in table2.write_table(
+      runs, "digits", ["fedavg", "augfl"], configs, str(tmp_path / "out"),
+      "test clients", [0, 1, 2])
