@@ -34,6 +34,15 @@ one line, with the command that writes its files again, where its
 ``metrics.jsonl``, ``summary.json`` or ``config.json`` are not what it
 sealed (``experiments.scores``); one run under two names is refused.
 
+``--round=R`` compares the runs' evaluations of round R instead of their
+last (a run of 300 rounds that scored its test-split clients at round 100,
+``--eval.test_split_every``, against a run of 100). ``--by_round`` gives,
+instead, the first run minus each other at every round all runs evaluated,
+on the held-out clients and, at the rounds every run scored them, the
+test-split clients: the mean over seeds of the per-seed paired difference
+with its t-interval across seeds, and the first round whose interval
+leaves 0; ``--figure`` draws them.
+
 The table (markdown) is printed, and written to ``--output`` when given
 (its directory must exist; it is checked before anything is read), through
 a temporary file renamed into place: the file there before is replaced
@@ -72,6 +81,16 @@ def define_flags() -> None:
                     " held_out")
   flags.DEFINE_string("output", "", "also write the table to this file (in "
                       "a directory that exists)")
+  flags.DEFINE_integer("round", None, "compare the runs' evaluations of this "
+                       "round (every run must have evaluated it; its "
+                       "test-split clients where every run scored them "
+                       "then); default: their last", lower_bound=1)
+  flags.DEFINE_bool("by_round", False, "instead, the first run minus each "
+                    "other at every round all runs evaluated, across seeds, "
+                    "and the first round whose interval leaves 0")
+  flags.DEFINE_string("figure", "", "with --by_round, also draw the paired "
+                      "differences against the round to this file (.png, "
+                      ".pdf, .svg)")
 
 
 def parse_runs(specs: list[str]) -> dict[str, str]:
@@ -220,21 +239,37 @@ def _pct(interval: intervals.Interval | None) -> str:
   return "-" if interval is None else interval.format()
 
 
+def _at(by_round: dict[int, scores.RunScore], round_: int | None,
+        path: str) -> scores.RunScore:
+  """A run's scores (:func:`scores.load_round_scores`) of round
+  ``round_`` (``None``: its last)."""
+  if round_ is None:
+    return by_round[max(by_round)]
+  if round_ not in by_round:
+    raise ValueError(f"--round={round_}: {path} has no evaluation of round "
+                     f"{round_} (it evaluated rounds "
+                     f"{', '.join(map(str, sorted(by_round)[:8]))}"
+                     f"{', ...' if len(by_round) > 8 else ''})")
+  return by_round[round_]
+
+
 def compare(runs: dict[str, str], seeds: list[int] | None = None,
-            clients: str = "auto") -> str:
+            clients: str = "auto", round_: int | None = None) -> str:
   """The markdown table of ``runs`` (name -> a run's directory or a
   directory of seeds, :func:`run_dirs`) over ``seeds``, scored on
-  ``clients`` (one of ``CLIENTS``).
+  ``clients`` (one of ``CLIENTS``) after round ``round_`` (``None``: each
+  run's last).
 
   Raises:
     ValueError: a missing or unfinished run (:func:`run_dirs`), runs of one
-      seed scored on different clients, an unknown ``clients``, or
-      ``test_split`` asked of a run without test-split clients.
+      seed scored on different clients, an unknown ``clients``,
+      ``test_split`` asked of a run without test-split clients, or a
+      ``round_`` a run did not evaluate.
   """
   if clients not in CLIENTS:
     raise ValueError(f"clients must be one of {CLIENTS}, got {clients!r}")
   seeds, paths = run_dirs(runs, seeds)
-  loaded = [scores.load_run_score(path, name, seed)
+  loaded = [_at(scores.load_round_scores(path, name, seed), round_, path)
             for (name, seed), path in paths.items()]
   test_split = scores.uses_test_split(loaded)
   if clients == "test_split" and not test_split:
@@ -247,8 +282,9 @@ def compare(runs: dict[str, str], seeds: list[int] | None = None,
   first, others = names[0], names[1:]
   scored_on = ("test-split clients" if test_split
                else "the protocol's held-out clients")
-  lines = [f"Scored on {scored_on}; 95% intervals: across clients for a "
-           "seed, Student-t across seeds for a mean.", "",
+  after = "" if round_ is None else f" after round {round_}"
+  lines = [f"Scored on {scored_on}{after}; 95% intervals: across clients "
+           "for a seed, Student-t across seeds for a mean.", "",
            "| seed | " + " | ".join(names) + " | " +
            " | ".join(f"{first} - {other}" for other in others) + " |",
            "|---" * (1 + len(names) + len(others)) + "|"]
@@ -277,11 +313,115 @@ def compare(runs: dict[str, str], seeds: list[int] | None = None,
   return "\n".join(lines)
 
 
+def by_round(runs: dict[str, str], seeds: list[int] | None = None
+            ) -> tuple[str, dict[str, tuple[list[int], list]]]:
+  """The first run minus each other at every round that all runs
+  evaluated: per round, the mean over seeds of the per-seed paired
+  difference on the protocol's held-out clients with its t-interval across
+  seeds, and on the test-split clients at the rounds every run scored
+  them; the first round whose interval lies wholly above or below 0, and
+  whether it stays there. Returns ``(markdown, {"<first> - <other>
+  (<clients>)": (rounds, intervals)})``.
+
+  Raises:
+    ValueError: as :func:`compare`; runs with no round in common.
+  """
+  seeds, paths = run_dirs(runs, seeds)
+  loaded = {key: scores.load_round_scores(path, *key)
+            for key, path in paths.items()}
+  common = sorted(set.intersection(*(set(r) for r in loaded.values())))
+  if not common:
+    raise ValueError("--by_round: the runs have no evaluated round in "
+                     "common")
+  names = list(runs)
+  first = names[0]
+  lines = ["Paired differences per evaluated round: mean over "
+           f"{len(seeds)} seeds of the per-seed difference on the same "
+           "clients, with its 95% Student-t interval across seeds.", ""]
+  curves = {}
+  for other in names[1:]:
+    for test_split, clients in ((False, "held-out clients"),
+                                (True, "test-split clients")):
+      rounds = [t for t in common if all(
+          loaded[key][t].test_split is not None for key in loaded)
+                ] if test_split else common
+      if not rounds:
+        continue
+      diffs = []
+      for t in rounds:
+        at_t = [loaded[key][t] for key in loaded if key[0] in (first, other)]
+        diffs.append(scores.paired(at_t, first, other, test_split)[1])
+      name = f"{first} - {other} ({clients})"
+      curves[name] = (rounds, diffs)
+      lines += [f"### {name}", "", "| round | difference |", "|---|---|"]
+      lines += [f"| {t} | {_pct(d)} |" for t, d in zip(rounds, diffs)]
+      lines += ["", _first_clear(rounds, diffs), ""]
+  few = scores.few_seeds_note({name: len(seeds) for name in names})
+  if few:
+    lines += [few, ""]
+  lines.append("Runs: " + "; ".join(f"{name} = {directory}"
+                                    for name, directory in runs.items()))
+  return "\n".join(lines), curves
+
+
+def _first_clear(rounds: list[int], diffs: list) -> str:
+  """The sentence on the first round whose interval leaves 0."""
+  side = [None if d is None or d.low <= 0 <= d.high else d.low > 0
+          for d in diffs]
+  first = next((i for i, s in enumerate(side) if s is not None), None)
+  if first is None:
+    return "The interval contains 0 at every round."
+  where = "above" if side[first] else "below"
+  stays = all(s == side[first] for s in side[first:])
+  return (f"The interval first leaves 0 at round {rounds[first]} ({where} "
+          "it)" + ("; it stays there to the last round." if stays else
+                   "; it does not stay there at every later round."))
+
+
+def plot_by_round(curves: dict[str, tuple[list[int], list]],
+                  output: str) -> None:
+  """Draws :func:`by_round`'s differences (%, with their intervals across
+  seeds as bands) against the round into ``output``."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
+  for name, (rounds, diffs) in curves.items():
+    mean = [d.mean * 100 for d in diffs]
+    (line,) = ax.plot(rounds, mean, marker="o" if len(rounds) < 12 else None,
+                      markersize=3, label=name)
+    ax.fill_between(rounds, [d.low * 100 for d in diffs],
+                    [d.high * 100 for d in diffs], alpha=0.2,
+                    color=line.get_color(), linewidth=0)
+  ax.axhline(0, color="black", linewidth=0.8)
+  ax.set(xlabel="round", ylabel="difference (accuracy points)")
+  ax.grid(alpha=0.3)
+  ax.legend(title="bands: 95% CI across seeds", fontsize="small",
+            title_fontsize="small")
+  try:
+    write_output(output, lambda tmp: fig.savefig(
+        tmp, format=os.path.splitext(output)[1][1:].lower(), dpi=150),
+                 "--figure")
+  finally:
+    plt.close(fig)
+
+
 def _main() -> None:
-  if FLAGS.output:
-    check_output_file(FLAGS.output)
-  text = compare(parse_runs(FLAGS.runs), parse_seeds(FLAGS.seeds),
-                 FLAGS.clients)
+  for path, flag in ((FLAGS.output, "--output"), (FLAGS.figure, "--figure")):
+    if path:
+      check_output_file(path, flag)
+  if FLAGS.figure and not FLAGS.by_round:
+    raise ValueError("--figure draws --by_round's differences: add "
+                     "--by_round")
+  if FLAGS.by_round and FLAGS.round is not None:
+    raise ValueError("--by_round compares every round; leave out --round")
+  if FLAGS.by_round:
+    text, curves = by_round(parse_runs(FLAGS.runs), parse_seeds(FLAGS.seeds))
+    if FLAGS.figure:
+      plot_by_round(curves, FLAGS.figure)
+  else:
+    text = compare(parse_runs(FLAGS.runs), parse_seeds(FLAGS.seeds),
+                   FLAGS.clients, FLAGS.round)
   print(text)
   if FLAGS.output:
     write_output(FLAGS.output, lambda tmp: _write_text(tmp, text + "\n"))

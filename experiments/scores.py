@@ -262,6 +262,22 @@ def load_run_score(run_dir: str, method: str, seed: int,
       evaluation is not of the round its summary says (it went on after it
       finished), or with scores no run writes.
   """
+  scores = load_round_scores(run_dir, method, seed, log)
+  return scores[max(scores)]
+
+
+def load_round_scores(run_dir: str, method: str, seed: int,
+                      log: Callable[[str], None] = lambda line: None
+                     ) -> dict[int, RunScore]:
+  """``{round: scores}`` of every evaluation the run in ``run_dir``
+  sealed, checked as :func:`load_run_score` checks its final one (whose
+  scores are the last entry); ``RunScore.rounds`` is the evaluated round,
+  ``test_split`` ``None`` at a round whose test-split clients were not
+  scored.
+
+  Raises:
+    ValueError: as :func:`load_run_score`.
+  """
   out = outputs.OutputDir(run_dir)
   path = out.file("metrics.jsonl")
   checkpoint, meta = sealed(run_dir)
@@ -283,34 +299,41 @@ def load_run_score(run_dir: str, method: str, seed: int,
         "after it finished (resumed with a larger --rounds and stopped); "
         "finish it, or score it with the --rounds of its last round")
   check_files(run_dir, checkpoint, meta, log)
-  final = records[-1]
   try:
-    counts = _ints(final["client_count"], path, "held-out")
-    accuracy = np.asarray(final["client_accuracy"], np.float64)
-    if not np.all(np.isfinite(accuracy)):
-      raise ValueError(f"{path}: the held-out scores hold non-finite "
-                       "accuracies (an edited or damaged file); rerun the run")
-    _check_lengths(path, "held-out", accuracy, counts)
-    heldout = ClientScores(np.rint(accuracy * counts).astype(np.int64),
-                           counts, final.get("clients_digest"))
-    _check_scores(path, "held-out", heldout.correct, heldout.count)
-    split = final.get("test_split")
-    test_split = None
-    if split is not None:
-      test_split = ClientScores(
-          _ints(split["client_correct"], path, "test-split"),
-          _ints(split["client_count"], path, "test-split"),
-          split.get("clients_digest"))
-      _check_scores(path, "test-split", test_split.correct,
-                    test_split.count)
-    return RunScore(method, seed, run_dir, rounds, heldout, test_split,
-                    max(float(r["accuracy"]) for r in records),
-                    float(meta.get("seconds", summary["seconds"])),
-                    _protocol(meta["config"]))
+    best = max(float(r["accuracy"]) for r in records)
+    seconds = float(meta.get("seconds", summary["seconds"]))
+    return {int(r["round"]): RunScore(
+        method, seed, run_dir, int(r["round"]), *_record_scores(r, path),
+        best, seconds, _protocol(meta["config"]))
+            for r in records if "client_count" in r}
   except (KeyError, TypeError) as e:
     raise ValueError(f"{run_dir}: its summary.json or metrics.jsonl lacks "
                      f"{e} (an edited or damaged file); rerun the run"
                      ) from None
+
+
+def _record_scores(record: dict[str, Any], path: str
+                  ) -> tuple[ClientScores, ClientScores | None]:
+  """``(held-out, test-split or None)`` of one evaluation record of the
+  run's file ``path`` (named in errors)."""
+  counts = _ints(record["client_count"], path, "held-out")
+  accuracy = np.asarray(record["client_accuracy"], np.float64)
+  if not np.all(np.isfinite(accuracy)):
+    raise ValueError(f"{path}: the held-out scores hold non-finite "
+                     "accuracies (an edited or damaged file); rerun the run")
+  _check_lengths(path, "held-out", accuracy, counts)
+  heldout = ClientScores(np.rint(accuracy * counts).astype(np.int64),
+                         counts, record.get("clients_digest"))
+  _check_scores(path, "held-out", heldout.correct, heldout.count)
+  split = record.get("test_split")
+  test_split = None
+  if split is not None:
+    test_split = ClientScores(
+        _ints(split["client_correct"], path, "test-split"),
+        _ints(split["client_count"], path, "test-split"),
+        split.get("clients_digest"))
+    _check_scores(path, "test-split", test_split.correct, test_split.count)
+  return heldout, test_split
 
 
 def uses_test_split(scores: list[RunScore]) -> bool:

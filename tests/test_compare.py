@@ -211,3 +211,88 @@ def test_the_command_helps_and_fails_in_one_line_before_any_work(tmp_path):
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1 and not result.stdout
   assert sorted(os.listdir(tmp_path)) == ["a", "b", "table.md"]
+
+
+def _write_rounds(path, heldout_by_round, test_by_round, seed,
+                  counts=(10, 10, 10, 10), test_counts=(20, 20, 20, 20, 20)):
+  """A finished run evaluated at each round of ``heldout_by_round`` (round
+  -> held-out correct per client), its test-split clients scored at the
+  rounds of ``test_by_round``, sealed as a run seals them."""
+  from augfl_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  os.makedirs(path)
+  records = []
+  for t, correct in sorted(heldout_by_round.items()):
+    record = {"round": t, "accuracy": sum(correct) / sum(counts),
+              "client_accuracy": [c / n for c, n in zip(correct, counts)],
+              "client_count": list(counts)}
+    if t in test_by_round:
+      record["test_split"] = {"client_correct": list(test_by_round[t]),
+                              "client_count": list(test_counts)}
+    records.append(record)
+  config = {"algorithm": "augfl", "dataset": "digits", "seed": seed}
+  last = records[-1]["round"]
+  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  with open(os.path.join(path, "summary.json"), "w") as f:
+    json.dump({"rounds": last, "final_accuracy": records[-1]["accuracy"],
+               "best_accuracy": max(r["accuracy"] for r in records),
+               "seconds": 3.0}, f)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+  manager = checkpoints.RunCheckpoints(os.path.join(path, "checkpoints"))
+  manager.save(last, {"w": np.zeros(1)}, {"round": last, "config": config,
+                                          "records": records, "changes": []})
+  manager.close()
+
+
+# held-out correct per round (4 clients of 10), test-split correct at
+# round 2 (5 clients of 20), per method and seed
+_HELD = {("a", s): {1: [5, 5, 5, 5], 2: [9, 8, 9, 7], 3: [9, 9, 9, 9]}
+         for s in (0, 1, 2)}
+_HELD.update({("b", s): {1: [5, 6, 4, 5], 2: [6 - s, 5, 6, 5],
+                         3: [9, 9, 9, 8 + (s == 1)]} for s in (0, 1, 2)})
+_TEST = {("a", s): {2: [18, 17, 19, 15, 20]} for s in (0, 1, 2)}
+_TEST.update({("b", s): {2: [14, 17, 15, 12 + s, 19]} for s in (0, 1, 2)})
+
+
+def _round_runs(tmp_path):
+  for (name, seed), held in _HELD.items():
+    _write_rounds(tmp_path / name / f"seed{seed}", held, _TEST[name, seed],
+                  seed)
+  return {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+
+
+def test_a_round_of_longer_runs_is_compared_on_its_clients(tmp_path):
+  runs = _round_runs(tmp_path)
+  text = compare.compare(runs, [0, 1, 2], round_=2)
+  assert "Scored on test-split clients after round 2" in text
+  per_seed = [(sum(_TEST["a", s][2]) - sum(_TEST["b", s][2])) / 100
+              for s in (0, 1, 2)]
+  assert intervals.mean_interval(per_seed).format() in text
+  # the last round has no test-split scores: the held-out clients'
+  last = compare.compare(runs, [0, 1, 2])
+  assert "Scored on the protocol's held-out clients;" in last
+  with pytest.raises(ValueError, match="--round=4: .* has no evaluation of "
+                     "round 4 .*rounds 1, 2, 3"):
+    compare.compare(runs, [0, 1, 2], round_=4)
+
+
+def test_by_round_gives_each_rounds_paired_difference_and_when_it_leaves_0(
+    tmp_path):
+  text, curves = compare.by_round(_round_runs(tmp_path), [0, 1, 2])
+  rounds, diffs = curves["a - b (held-out clients)"]
+  assert rounds == [1, 2, 3]
+  for t, d in zip(rounds, diffs):
+    per_seed = [(sum(_HELD["a", s][t]) - sum(_HELD["b", s][t])) / 40
+                for s in (0, 1, 2)]
+    expected = intervals.mean_interval(per_seed)
+    assert (d.mean, d.low, d.high) == pytest.approx(
+        (expected.mean, expected.low, expected.high))
+  assert diffs[0].low <= 0 <= diffs[0].high and diffs[1].low > 0
+  assert ("The interval first leaves 0 at round 2 (above it); it does not "
+          "stay there at every later round.") in text
+  assert curves["a - b (test-split clients)"][0] == [2]
+  assert "| 2 | " in text.split("### a - b (test-split clients)")[1]
+  figure = tmp_path / "by_round.png"
+  compare.plot_by_round(curves, str(figure))
+  assert figure.read_bytes()[:4] == b"\x89PNG"
