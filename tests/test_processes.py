@@ -431,8 +431,8 @@ def test_the_coordination_service_listens_on_the_port_it_is_given():
                              "import time; time.sleep(60)"])
   try:
     child = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-c", group._SERVE, gate.__file__,  # pylint: disable=protected-access
-         str(gate_port), "2", "30", str(parent.pid), "0", str(service_port)],
+        group._service_command(gate_port, 2, service_port, parent=parent.pid,  # pylint: disable=protected-access
+                               linger=0),
         stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == f"serving {service_port}"
   finally:
