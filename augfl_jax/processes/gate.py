@@ -214,15 +214,21 @@ def serve(start_service: Callable[[str, int, int], Any], port: str,
   ``parent`` is gone (at once when no other process joined: none needs the
   service to hear of its end). Prints one line once both listen,
   ``serving <service port>``, or why not: ``in use`` (the gate's port is
-  taken), ``no service``."""
+  taken), ``service port in use`` (the ``service_port`` given is taken),
+  ``no service: <the error's first line>``."""
   try:
     listener = _listen(int(port))
   except OSError:
     print("in use", flush=True)
     return
-  fixed = int(service_port)
+  fixed, error = int(service_port), None
   for _ in range(1 if fixed else 5):
     if fixed:
+      try:
+        _listen(fixed).close()
+      except OSError:
+        print("service port in use", flush=True)
+        return
       service_port = fixed
     else:
       with _listen(0) as probe:  # a port nothing listens on now
@@ -231,10 +237,11 @@ def serve(start_service: Callable[[str, int, int], Any], port: str,
       service = start_service(  # pylint: disable=unused-variable
           f"[::]:{service_port}", int(num_processes), int(heartbeat))
       break
-    except Exception:  # pylint: disable=broad-except
-      continue
+    except Exception as e:  # pylint: disable=broad-except
+      error = e  # another process took the port meanwhile, or worse
   else:
-    print("no service", flush=True)
+    print("no service: " + (f"{type(error).__name__}: {error}".strip()
+                            .splitlines()[0]), flush=True)
     return
   gate = Gate(listener, int(num_processes), service_port)
   threading.Thread(target=gate.serve_forever, daemon=True).start()

@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Iterator
@@ -89,7 +90,8 @@ def initialize(coordinator: str | None = None,
   Raises:
     ValueError: some of the three given and not all, or out of range; a
       process refused at the gate or not joined in time
-      (``gate.StartupError``).
+      (``gate.StartupError``); process 0's coordination service did not
+      start (the line says why: its port taken, or its process's error).
   """
   if startup_timeout <= 0:
     raise ValueError("--distributed.startup_timeout must be > 0 seconds, "
@@ -175,6 +177,36 @@ class _NoService:
     pass
 
 
+def _last_line(text: bytes) -> str:
+  """The last line of ``text`` that is not blank (``""`` where none is)."""
+  lines = [line.strip() for line in text.decode(errors="replace")
+           .splitlines() if line.strip()]
+  return lines[-1] if lines else ""
+
+
+def _why_no_service(said: str, code: int, errors: bytes,
+                    service_port: int) -> str:
+  """Why process 0's child serves nothing, in words: ``said`` is its first
+  line (:func:`gate.serve`), ``code`` its exit code and ``errors`` its
+  stderr."""
+  if said == "in use":
+    return (f"its port is in use (by another run's coordinator, or by a "
+            f"run's that ended less than {LINGER_SECONDS:g} s ago); choose "
+            "another port, or wait")
+  if said == "service port in use":
+    return (f"the coordination service could not start: --distributed."
+            f"service_port={service_port} is in use; choose another, or 0 "
+            "for one the system picks")
+  if said.startswith("no service: "):
+    return ("the coordination service could not start: " +
+            said[len("no service: "):])
+  ended = (f"was killed by {signal.Signals(-code).name}" if code < 0
+           else f"ended with exit code {code}")
+  last = _last_line(errors)
+  return (f"the coordination service's process {ended} before it served" +
+          (f": {last}" if last else " (it printed no error)"))
+
+
 @contextlib.contextmanager
 def _service_in_a_child(coordinator: str, num_processes: int,
                         process_id: int, service_port: int = 0
@@ -187,28 +219,32 @@ def _service_in_a_child(coordinator: str, num_processes: int,
   from the ones this knows (:mod:`.jax_internals`), it has none and JAX's
   own service is kept (on the coordinator's port).
 
+  Raises:
+    ValueError: the child serves nothing (one line: its port is taken, or
+      the child's own error, with its exit code).
   """
   with jax_internals.service_replaced(lambda *a, **k: _NoService()) as gated:
     if process_id != 0 or not gated:
       yield gated
       return
-    child = subprocess.Popen(  # pylint: disable=consider-using-with
-        _service_command(coordinator.rsplit(":", 1)[1], num_processes,
-                         service_port),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, start_new_session=True)
-    said = child.stdout.readline().strip()
-    if not said.startswith(b"serving "):
-      child.wait()
-      raise ValueError(
-          f"--distributed.coordinator={coordinator}: " +
-          (f"its port is in use (by another run's coordinator, or by a "
-           f"run's that ended less than {LINGER_SECONDS:g} s ago); choose "
-           "another port, or wait" if said == b"in use" else "the "
-           "coordination service could not start (" + (
-               f"--distributed.service_port={service_port} is in use"
-               if service_port else "no free port for it?") + ")"))
-    child.stdout.close()
+    with tempfile.TemporaryFile() as errors:  # the child's stderr
+      child = subprocess.Popen(  # pylint: disable=consider-using-with
+          _service_command(coordinator.rsplit(":", 1)[1], num_processes,
+                           service_port),
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+          start_new_session=True)
+      said = child.stdout.readline().decode(errors="replace").strip()
+      child.stdout.close()
+      if not said.startswith("serving "):
+        if child.poll() is None and not said.startswith(("in use",
+                                                         "service port",
+                                                         "no service")):
+          child.kill()
+        code = child.wait()
+        errors.seek(0)
+        raise ValueError(
+            f"--distributed.coordinator={coordinator}: " +
+            _why_no_service(said, code, errors.read(), service_port))
     yield True
 
 
