@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from augfl_jax import processes
-from augfl_jax.processes import group
+from augfl_jax.processes import group, jax_internals
 
 group.STUCK_SECONDS = 5.0
 _agree, _calls = processes.agree, [0]
@@ -22,7 +22,7 @@ def _agree_or_wait(value: int) -> int:
   if processes.index() == 1 and _calls[0] >= 3:
     with open(os.environ["STUCK_MARKER"], "w"):
       pass
-    group._client().blocking_key_value_get(  # pylint: disable=protected-access
+    jax_internals.client().blocking_key_value_get(
         "stuck_collective/never", 3_600_000)
   return _agree(value)
 

@@ -3,6 +3,7 @@
 ``experiments`` or ``benchmarks`` package."""
 
 import configparser
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -41,6 +42,36 @@ def test_setup_installs_the_library_without_tensorflow():
   assert set(tfds) <= set(_requirements(extras["test"]))  # CI tests tfds
   assert _requirements(cfg["options.packages.find"]["include"]) == [
       "augfl_jax", "augfl_jax.*"]
+
+
+def _floors(required):
+  """``{name: lowest version}`` of setup.cfg's ``name>=version[,<...]``."""
+  floors = {}
+  for line in required:
+    if line and not line.startswith("#"):
+      name, _, rest = line.partition(">=")
+      floors[name.strip()] = rest.split(",")[0].strip()
+  return floors
+
+
+def _version(text):
+  return tuple(int(part) for part in text.split(".")[:3])
+
+
+def test_setup_admits_from_the_versions_the_suite_has_passed():
+  """Every floor of setup.cfg is one BUILD.md names as passed (one list,
+  no admitted version older than a tested one), and the versions the
+  suite runs on here are admitted."""
+  cfg = configparser.ConfigParser()
+  cfg.read(os.path.join(ROOT, "setup.cfg"))
+  floors = _floors(_requirements(cfg["options"]["install_requires"]))
+  with open(os.path.join(ROOT, "BUILD.md")) as f:
+    line = next(l for l in f if l.startswith("Floors passed: "))
+  passed = dict(item.split() for item in
+                line[len("Floors passed: "):].rstrip(".\n").split(", "))
+  assert floors == passed
+  for name, floor in floors.items():
+    assert _version(importlib.metadata.version(name)) >= _version(floor), name
 
 
 @pytest.mark.slow

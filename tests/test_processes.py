@@ -431,14 +431,55 @@ def test_the_coordination_service_listens_on_the_port_it_is_given():
                              "import time; time.sleep(60)"])
   try:
     child = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-c", group._SERVE, gate.__file__,  # pylint: disable=protected-access
-         str(gate_port), "2", "30", str(parent.pid), "0", str(service_port)],
+        group._service_command(gate_port, 2, service_port, parent=parent.pid,  # pylint: disable=protected-access
+                               linger=0),
         stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == f"serving {service_port}"
   finally:
     parent.kill()
     parent.wait()
   assert child.wait(timeout=30) == 0  # no process joined: it ends at once
+
+
+def test_a_coordinator_whose_service_cannot_start_says_why(tmp_path,
+                                                          monkeypatch):
+  """Process 0's child that fails is reported as what it is: its exit code
+  and its error's last line (an import error, a crash), a service port
+  that is taken as taken; before, every failure read "no free port for
+  it?"."""
+  address = f"localhost:{local.free_port()}"
+  with gate._listen(0) as taken:  # pylint: disable=protected-access
+    port = taken.getsockname()[1]
+    with pytest.raises(ValueError) as in_use:
+      group.initialize(address, 2, 0, 5, service_port=port)
+  assert str(in_use.value) == (
+      f"--distributed.coordinator={address}: the coordination service could"
+      f" not start: --distributed.service_port={port} is in use; choose "
+      "another, or 0 for one the system picks")
+  broken = tmp_path / "python"
+  broken.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' "
+                    ">&2\necho \"ModuleNotFoundError: No module named "
+                    "'jax'\" >&2\nexit 3\n")
+  broken.chmod(0o755)
+  monkeypatch.setattr(sys, "executable", str(broken))
+  with pytest.raises(ValueError) as crashed:
+    group.initialize(address, 2, 0, 5)
+  assert str(crashed.value) == (
+      f"--distributed.coordinator={address}: the coordination service's "
+      "process ended with exit code 3 before it served: "
+      "ModuleNotFoundError: No module named 'jax'")
+
+
+def test_the_gate_s_child_names_the_error_of_a_service_that_cannot_start(
+    capsys):
+  """Its one line says the error, not a port in use."""
+  def start_service(address, num_processes, heartbeat):
+    del address, heartbeat
+    raise RuntimeError(f"UNAVAILABLE: cannot serve {num_processes} "
+                       "processes\nthe rest of its message")
+  gate.serve(start_service, "0", "2", "30", "1", "0", str(local.free_port()))
+  assert capsys.readouterr().out == (
+      "no service: RuntimeError: UNAVAILABLE: cannot serve 2 processes\n")
 
 
 def test_without_a_coordinator_the_wait_names_it_and_ends_in_one_line(

@@ -19,6 +19,8 @@ Modules, each named for what it holds:
 * :mod:`.gate`: the coordinator's gate, which admits only the run's
   processes and names those awaited (standard library only: process 0's
   child loads it by its path).
+* :mod:`.jax_internals`: every private JAX name the package uses, and the
+  check that the installed JAX has each as expected (``problems``).
 * :mod:`.signals`: ``StopSignals``, SIGINT and SIGTERM taken between steps;
   the watchdog counts the signals taken.
 * :mod:`.local`: N processes of the run command on this machine, each with
@@ -26,7 +28,8 @@ Modules, each named for what it holds:
   ``benchmarks.processes`` and the tests).
 """
 
-from augfl_jax.processes import gate, group, local, placement, signals
+from augfl_jax.processes import (gate, group, jax_internals, local,
+                                 placement, signals)
 from augfl_jax.processes.placement import (agree, count, describe, gather,
                                            index, is_writer, place_clients,
                                            place_state, run_strategy, start,
@@ -34,6 +37,6 @@ from augfl_jax.processes.placement import (agree, count, describe, gather,
 
 __all__ = [
     "agree", "count", "describe", "gate", "gather", "group", "index",
-    "is_writer", "local", "place_clients", "place_state", "placement",
+    "is_writer", "jax_internals", "local", "place_clients", "place_state", "placement",
     "run_strategy", "signals", "start", "sync", "to_host"
 ]

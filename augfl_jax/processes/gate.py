@@ -16,7 +16,9 @@ that waits names them every :data:`REPORT_SECONDS`, and gives up after
 its ``--distributed.startup_timeout``.
 
 Only the standard library is imported here: process 0's child loads this
-file by its path, without the package (see ``group``).
+file by its path, without the package (see ``group``), and gives
+:func:`serve` the function that starts JAX's service
+(``jax_internals.start_service``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 __all__ = ["Gate", "join", "REPORT_SECONDS", "StartupError", "serve"]
 
@@ -202,36 +204,44 @@ def join(host: str, port: int, process_id: int, num_processes: int,
     time.sleep(POLL_SECONDS)
 
 
-def serve(port: str, num_processes: str, heartbeat: str, parent: str,
-          linger: str, service_port: str = "0") -> None:
+def serve(start_service: Callable[[str, int, int], Any], port: str,
+          num_processes: str, heartbeat: str, parent: str, linger: str,
+          service_port: str = "0") -> None:
   """Process 0's child: the gate on ``port``, JAX's coordination service
-  on ``service_port`` (``"0"``: a port the system picks), both kept until ``linger`` seconds after the
-  process ``parent`` is gone (at once when no other process joined: none
-  needs the service to hear of its end). Prints one line once both listen,
+  (``start_service(address, num_processes, heartbeat)``:
+  ``jax_internals.start_service``) on ``service_port`` (``"0"``: a port
+  the system picks), both kept until ``linger`` seconds after the process
+  ``parent`` is gone (at once when no other process joined: none needs the
+  service to hear of its end). Prints one line once both listen,
   ``serving <service port>``, or why not: ``in use`` (the gate's port is
-  taken), ``no service``."""
+  taken), ``service port in use`` (the ``service_port`` given is taken),
+  ``no service: <the error's first line>``."""
   try:
     listener = _listen(int(port))
   except OSError:
     print("in use", flush=True)
     return
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-  fixed = int(service_port)
+  fixed, error = int(service_port), None
   for _ in range(1 if fixed else 5):
     if fixed:
+      try:
+        _listen(fixed).close()
+      except OSError:
+        print("service port in use", flush=True)
+        return
       service_port = fixed
     else:
       with _listen(0) as probe:  # a port nothing listens on now
         service_port = probe.getsockname()[1]
     try:
-      service = _jax.get_distributed_runtime_service(  # pylint: disable=unused-variable
-          f"[::]:{service_port}", int(num_processes),
-          heartbeat_timeout=int(heartbeat))
+      service = start_service(  # pylint: disable=unused-variable
+          f"[::]:{service_port}", int(num_processes), int(heartbeat))
       break
-    except Exception:  # pylint: disable=broad-except
-      continue
+    except Exception as e:  # pylint: disable=broad-except
+      error = e  # another process took the port meanwhile, or worse
   else:
-    print("no service", flush=True)
+    print("no service: " + (f"{type(error).__name__}: {error}".strip()
+                            .splitlines()[0]), flush=True)
     return
   gate = Gate(listener, int(num_processes), service_port)
   threading.Thread(target=gate.serve_forever, daemon=True).start()

@@ -18,7 +18,8 @@ signal that the main thread, stuck in a call, cannot take
 :func:`finished` says that it finished its run.
 
 What the processes compute together (who writes, where the clients live,
-the decisions they agree on) is :mod:`augfl_jax.processes.placement`.
+the decisions they agree on) is :mod:`augfl_jax.processes.placement`; the
+private JAX names used here are :mod:`augfl_jax.processes.jax_internals`.
 """
 
 from __future__ import annotations
@@ -30,18 +31,19 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Iterator
 
 import jax
 
-from augfl_jax.processes import gate
+from augfl_jax.processes import gate, jax_internals
 from augfl_jax.processes.placement import count, index
 from augfl_jax.processes.signals import StopSignals
 
 __all__ = [
-    "agree_on", "announce_stop", "cluster_detected", "differences",
+    "agree_on", "announce_stop", "differences",
     "ending", "finished", "hint", "initialize", "leave", "STALE_SECONDS",
     "STARTUP_TIMEOUT", "STUCK_SECONDS", "Watchdog"
 ]
@@ -64,19 +66,6 @@ _watchdog = None  # this process's, once initialize() started it
 hint = "the newest checkpoint is where --resume continues"
 
 
-def cluster_detected() -> bool:
-  """Whether a cluster that ``jax.distributed.initialize()`` configures by
-  itself (Slurm with several tasks, Open MPI, a Cloud TPU pod, ...) runs
-  this process: JAX's own detection (``jax._src.clusters``)."""
-  try:
-    from jax._src import clusters  # pylint: disable=g-import-not-at-top
-    return any(env.is_env_present()
-               for env in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
-               if env.__name__ != "Mpi4pyCluster")  # opt-in only
-  except Exception:  # pylint: disable=broad-except
-    return False
-
-
 def initialize(coordinator: str | None = None,
                num_processes: int | None = None,
                process_id: int | None = None,
@@ -86,8 +75,11 @@ def initialize(coordinator: str | None = None,
   and this process's :class:`Watchdog`; returns whether the run spans
   several processes.
 
-  With no argument, initializes only on a cluster JAX detects
-  (:func:`cluster_detected`); otherwise all three are needed (the
+  With no argument, ``jax.distributed.initialize()`` configures the run
+  where JAX detects a cluster (Slurm with several tasks, Open MPI, a Cloud
+  TPU pod, ...), and the process runs alone where JAX says it detects none
+  (its :data:`jax_internals.NO_CLUSTER` error; any other error is
+  raised); otherwise all three are needed (the
   coordinator is ``host:port`` of process 0), and the process first joins
   the run at the coordinator's gate (:mod:`.gate`: a process id
   taken already is refused; while processes are missing each waiting one
@@ -98,18 +90,22 @@ def initialize(coordinator: str | None = None,
   Raises:
     ValueError: some of the three given and not all, or out of range; a
       process refused at the gate or not joined in time
-      (``gate.StartupError``).
+      (``gate.StartupError``); process 0's coordination service did not
+      start (the line says why: its port taken, or its process's error).
   """
   if startup_timeout <= 0:
     raise ValueError("--distributed.startup_timeout must be > 0 seconds, "
                      f"got {startup_timeout:g}")
   given = [v is not None for v in (coordinator, num_processes, process_id)]
   if not any(given):
-    if not cluster_detected():
+    try:
+      jax.distributed.initialize(
+          heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+          initialization_timeout=max(1, int(startup_timeout)))
+    except ValueError as e:
+      if str(e) != jax_internals.NO_CLUSTER:
+        raise
       return False
-    jax.distributed.initialize(
-        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
-        initialization_timeout=max(1, int(startup_timeout)))
   else:
     if not all(given):
       raise ValueError(
@@ -151,11 +147,26 @@ def initialize(coordinator: str | None = None,
 
 # The coordination service, in a process of its own: it outlives process
 # 0 by LINGER_SECONDS, so that the others' watchdogs, not the runtime's
-# abort, end them when process 0 is killed. The child loads gate
-# by its path: the package's imports would take seconds.
+# abort, end them when process 0 is killed. The child loads gate and
+# jax_internals by their paths: the package's imports would take seconds.
 LINGER_SECONDS = STALE_SECONDS + GRACE_SECONDS + 10
 _SERVE = ("import runpy, sys; runpy.run_path(sys.argv[1], run_name="
-          "'augfl_jax_gate')['serve'](*sys.argv[2:])")
+          "'augfl_jax_gate')['serve'](runpy.run_path(sys.argv[2], run_name="
+          "'augfl_jax_internals')['start_service'], *sys.argv[3:])")
+
+
+def _service_command(port: int | str, num_processes: int,
+                     service_port: int = 0, parent: int | None = None,
+                     linger: float = LINGER_SECONDS) -> list[str]:
+  """The command line of process 0's child: the gate on ``port`` and JAX's
+  coordination service behind it on ``service_port`` (0: one the system
+  picks), both until ``linger`` seconds after the process ``parent`` (this
+  one) is gone (:func:`gate.serve`)."""
+  return [sys.executable, "-c", _SERVE, gate.__file__,
+          jax_internals.__file__, str(port), str(num_processes),
+          str(HEARTBEAT_TIMEOUT), str(os.getpid() if parent is None
+                                      else parent), f"{linger:g}",
+          str(service_port)]
 
 
 class _NoService:
@@ -166,55 +177,75 @@ class _NoService:
     pass
 
 
+def _last_line(text: bytes) -> str:
+  """The last line of ``text`` that is not blank (``""`` where none is)."""
+  lines = [line.strip() for line in text.decode(errors="replace")
+           .splitlines() if line.strip()]
+  return lines[-1] if lines else ""
+
+
+def _why_no_service(said: str, code: int, errors: bytes,
+                    service_port: int) -> str:
+  """Why process 0's child serves nothing, in words: ``said`` is its first
+  line (:func:`gate.serve`), ``code`` its exit code and ``errors`` its
+  stderr."""
+  if said == "in use":
+    return (f"its port is in use (by another run's coordinator, or by a "
+            f"run's that ended less than {LINGER_SECONDS:g} s ago); choose "
+            "another port, or wait")
+  if said == "service port in use":
+    return (f"the coordination service could not start: --distributed."
+            f"service_port={service_port} is in use; choose another, or 0 "
+            "for one the system picks")
+  if said.startswith("no service: "):
+    return ("the coordination service could not start: " +
+            said[len("no service: "):])
+  ended = (f"was killed by {signal.Signals(-code).name}" if code < 0
+           else f"ended with exit code {code}")
+  last = _last_line(errors)
+  return (f"the coordination service's process {ended} before it served" +
+          (f": {last}" if last else " (it printed no error)"))
+
+
 @contextlib.contextmanager
 def _service_in_a_child(coordinator: str, num_processes: int,
                         process_id: int, service_port: int = 0
                        ) -> Iterator[bool]:
   """While ``jax.distributed.initialize`` runs: for process 0, the
   coordination service and its gate started in a child process
-  (:func:`gate.serve`) instead of JAX's service in this one (whose
-  end would abort the others at once, with a stack trace, before any
-  watchdog speaks). Yields whether the run has a gate: where JAX's
-  internals differ from the ones this knows, it has none and JAX's own
-  service is kept (on the coordinator's port)."""
-  try:
-    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-    lib = jax_distributed._jax  # pylint: disable=protected-access
-    start = lib.get_distributed_runtime_service
-  except (ImportError, AttributeError):
-    start = None
-  if process_id != 0 or start is None:
-    yield start is not None
-    return
-  child = subprocess.Popen(  # pylint: disable=consider-using-with
-      [sys.executable, "-c", _SERVE, gate.__file__,
-       coordinator.rsplit(":", 1)[1], str(num_processes),
-       str(HEARTBEAT_TIMEOUT), str(os.getpid()), str(LINGER_SECONDS),
-       str(service_port)],
-      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-      stderr=subprocess.DEVNULL, start_new_session=True)
-  said = child.stdout.readline().strip()
-  if not said.startswith(b"serving "):
-    child.wait()
-    raise ValueError(
-        f"--distributed.coordinator={coordinator}: " +
-        (f"its port is in use (by another run's coordinator, or by a run's"
-         f" that ended less than {LINGER_SECONDS:g} s ago); choose another "
-         "port, or wait" if said == b"in use" else "the coordination "
-         "service could not start (" + (
-             f"--distributed.service_port={service_port} is in use"
-             if service_port else "no free port for it?") + ")"))
-  child.stdout.close()
-  lib.get_distributed_runtime_service = lambda *a, **k: _NoService()
-  try:
+  (:func:`gate.serve`) instead of JAX's service in this one (whose end
+  would abort the others at once, with a stack trace, before any watchdog
+  speaks). Yields whether the run has a gate: where JAX's internals differ
+  from the ones this knows (:mod:`.jax_internals`), it has none and JAX's
+  own service is kept (on the coordinator's port).
+
+  Raises:
+    ValueError: the child serves nothing (one line: its port is taken, or
+      the child's own error, with its exit code).
+  """
+  with jax_internals.service_replaced(lambda *a, **k: _NoService()) as gated:
+    if process_id != 0 or not gated:
+      yield gated
+      return
+    with tempfile.TemporaryFile() as errors:  # the child's stderr
+      child = subprocess.Popen(  # pylint: disable=consider-using-with
+          _service_command(coordinator.rsplit(":", 1)[1], num_processes,
+                           service_port),
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+          start_new_session=True)
+      said = child.stdout.readline().decode(errors="replace").strip()
+      child.stdout.close()
+      if not said.startswith("serving "):
+        if child.poll() is None and not said.startswith(("in use",
+                                                         "service port",
+                                                         "no service")):
+          child.kill()
+        code = child.wait()
+        errors.seek(0)
+        raise ValueError(
+            f"--distributed.coordinator={coordinator}: " +
+            _why_no_service(said, code, errors.read(), service_port))
     yield True
-  finally:
-    lib.get_distributed_runtime_service = start
-
-
-def _client():
-  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
-  return jax_distributed.global_state.client
 
 
 def announce_stop(reason: str) -> None:
@@ -226,8 +257,8 @@ def announce_stop(reason: str) -> None:
   _watchdog.done.set()
   if count() > 1:
     try:
-      _client().key_value_set(f"{_KEY}{index()}", "stopped " + reason,
-                              allow_overwrite=True)
+      jax_internals.client().key_value_set(
+          f"{_KEY}{index()}", "stopped " + reason, allow_overwrite=True)
     except Exception:  # pylint: disable=broad-except
       pass
 
@@ -265,7 +296,7 @@ def agree_on(what: str, record: dict[str, str]) -> list[str]:
     return []
   _agreements += 1
   prefix = f"{_AGREE}{_agreements}/{what}/"
-  client = _client()
+  client = jax_internals.client()
   client.key_value_set(f"{prefix}{index()}", json.dumps(record))
   while True:
     given = dict(client.key_value_dir_get(prefix))
@@ -286,7 +317,7 @@ class Watchdog(threading.Thread):
 
   def __init__(self):
     super().__init__(name="augfl_jax-watchdog", daemon=True)
-    self.client, self.me, self.n = _client(), index(), count()
+    self.client, self.me, self.n = jax_internals.client(), index(), count()
     self.done = threading.Event()
     self.signals, self.taken_before = None, 0
     self.arrived: list[tuple[int, float]] = []  # (signal, when) received
@@ -411,7 +442,7 @@ def leave(code: int) -> None:
   sys.stderr.flush()
   if count() > 1:
     try:
-      client = _client()
+      client = jax_internals.client()
       client.key_value_set(f"{_GONE}{index()}", "1", allow_overwrite=True)
       deadline = time.monotonic() + GRACE_SECONDS + STALE_SECONDS
       before = dict(client.key_value_dir_get(_KEY))
@@ -457,7 +488,7 @@ def finished() -> None:
   watchdog still watches them until the process exits."""
   if count() > 1:
     try:
-      _client().key_value_set(f"{_KEY}{index()}", "finished",
-                              allow_overwrite=True)
+      jax_internals.client().key_value_set(
+          f"{_KEY}{index()}", "finished", allow_overwrite=True)
     except Exception:  # pylint: disable=broad-except
       pass
