@@ -15,6 +15,7 @@ import pytest
 from augfl_jax.core import fields
 from augfl_jax import models, training
 from augfl_jax.pm import pretrain
+from augfl_jax.storage import checkpoint
 from augfl_jax.training import presets
 from experiments import ablations, plot
 from tests import fake_pm
@@ -123,3 +124,35 @@ def test_bad_lams_are_one_line_on_the_cli(tmp_path, compile_cache):
   assert result.stderr.splitlines()[-1] == (
       "error: --lams takes float values separated by commas, got '0,x'")
   assert "Traceback" not in result.stderr
+
+
+def test_the_pm_epochs_study_pairs_each_pm_with_the_run_without():
+  assert ablations.study_cells("pm_epochs", "fashion_mnist",
+                               pm_epochs=(1, 30)) == [
+      {"augfl.lam": 0.0}, {"pm.epochs": 1}, {"pm.epochs": 30}]
+
+
+@pytest.mark.slow
+def test_pm_epochs_study(tmp_path, monkeypatch):
+  """PMs pretrained for 1 and 2 epochs (each in its own directory under
+  runs/pm, as a run pretrains them), each paired with w/o PM."""
+  monkeypatch.chdir(tmp_path)
+  out = str(tmp_path / "pm_epochs")
+  base = _base(**{"pm.model": "mlp"})
+  ablations.run_study("pm_epochs", base, [0, 1], out, pm_epochs=(1, 2))
+  assert _cells(out) == ["augfl.lam=0.0", "pm.epochs=1", "pm.epochs=2"]
+  text = open(os.path.join(out, "pm_strength.md")).read()
+  rows = [l for l in text.splitlines() if l.startswith("| ")][1:]
+  assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| w/o PM"]
+  for epochs, row in zip((1, 2), rows):
+    pm_dir = training.prepare(fields.replace(
+        base, **{"pm.epochs": epochs})).config.pm.dir
+    meta = checkpoint.restore_metadata(pm_dir)
+    assert f"| {epochs} | {100 * meta['heldout_accuracy']:.2f} | " in row
+    assert row.endswith(" | 2 |")  # seeds
+  # the gain is the sweep table's paired difference to w/o PM
+  table = open(os.path.join(out, "results.md")).read()
+  gain = rows[0].split(" | ")[3]
+  assert f"| pm.epochs=1 | " in table and gain in table
+  with open(os.path.join(out, "pm_strength.png"), "rb") as f:
+    assert f.read(4) == b"\x89PNG"
