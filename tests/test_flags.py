@@ -132,7 +132,7 @@ def test_run_help_groups_every_flag_once_common_first_and_exits_0():
      "runs/table2"),
     ("experiments.sweep", ["grid", "reference", "replace_results", "seeds"],
      "runs/sweep_<algorithm>"),
-    ("experiments.ablations", ["lams", "seeds", "study"],
+    ("experiments.ablations", ["lams", "pm_epochs", "seeds", "study"],
      "runs/ablation_<study>_<dataset>"),
     ("experiments.ood", ["algorithms", "angles", "clients_per_domain",
                          "datasets", "examples_per_client", "held_out",
