@@ -104,3 +104,22 @@ def test_one_process_is_told_from_a_cluster_by_jax_s_own_detection():
       "no cluster": False,
       "address alone": "Number of processes must be defined.",
       "an opt-in cluster": False, "processes": 1}
+
+
+def test_a_process_that_used_jax_before_runs_as_it_is(monkeypatch):
+  """A command's ``main`` called where JAX has run already (a test, a
+  notebook) runs alone, without asking ``jax.distributed.initialize``,
+  which would raise; a process that has not run JAX yet is told so."""
+  from augfl_jax.processes import group  # pylint: disable=g-import-not-at-top
+  jax.numpy.zeros(1).block_until_ready()
+  assert jax_internals.backends_started()
+  def must_not_be_called(**kwargs):
+    raise AssertionError(f"jax.distributed.initialize({kwargs})")
+  monkeypatch.setattr(jax.distributed, "initialize", must_not_be_called)
+  assert group.initialize() is False
+  result = subprocess.run(
+      [sys.executable, "-c", "from augfl_jax.processes import jax_internals"
+       " as j; print(j.backends_started())"], cwd=ROOT, capture_output=True,
+      text=True, timeout=120, check=False, env=dict(os.environ,
+                                                     PYTHONPATH=ROOT))
+  assert result.stdout.strip() == "False", result.stderr[-2000:]

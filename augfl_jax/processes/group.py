@@ -79,7 +79,8 @@ def initialize(coordinator: str | None = None,
   where JAX detects a cluster (Slurm with several tasks, Open MPI, a Cloud
   TPU pod, ...), and the process runs alone where JAX says it detects none
   (its :data:`jax_internals.NO_CLUSTER` error; any other error is
-  raised); otherwise all three are needed (the
+  raised; where this process used JAX before, it runs as it is);
+  otherwise all three are needed (the
   coordinator is ``host:port`` of process 0), and the process first joins
   the run at the coordinator's gate (:mod:`.gate`: a process id
   taken already is refused; while processes are missing each waiting one
@@ -98,14 +99,17 @@ def initialize(coordinator: str | None = None,
                      f"got {startup_timeout:g}")
   given = [v is not None for v in (coordinator, num_processes, process_id)]
   if not any(given):
-    try:
-      jax.distributed.initialize(
-          heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
-          initialization_timeout=max(1, int(startup_timeout)))
-    except ValueError as e:
-      if str(e) != jax_internals.NO_CLUSTER:
-        raise
-      return False
+    # Where JAX ran in this process before the command (a test, a
+    # notebook), it is too late to join a cluster: the process runs as it is.
+    if not jax_internals.backends_started():
+      try:
+        jax.distributed.initialize(
+            heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+            initialization_timeout=max(1, int(startup_timeout)))
+      except ValueError as e:
+        if str(e) != jax_internals.NO_CLUSTER:
+          raise
+        return False
   else:
     if not all(given):
       raise ValueError(

@@ -23,6 +23,11 @@ The internals, and what each is for:
   allow_overwrite)``, ``key_value_dir_get(key)`` and
   ``blocking_key_value_get(key, timeout_in_ms)`` carry the watchdog's
   heartbeats and ``agree_on``'s records (:func:`client`).
+* ``jax._src.xla_bridge.backends_are_initialized()`` says whether this
+  process has used JAX already (a notebook, a test, a program that calls
+  a command's ``main``): ``jax.distributed.initialize`` then raises, so
+  cluster detection is skipped and the process runs as it is
+  (:func:`backends_started`).
 
 Public, and checked here too because the code depends on them exactly:
 ``jax.distributed.initialize``'s ``heartbeat_timeout_seconds`` and
@@ -42,8 +47,8 @@ import inspect
 import re
 from typing import Any, Callable, Iterator
 
-__all__ = ["NO_CLUSTER", "client", "problems", "service_replaced",
-           "start_service"]
+__all__ = ["NO_CLUSTER", "backends_started", "client", "problems",
+           "service_replaced", "start_service"]
 
 # jax.distributed.initialize()'s ValueError where no argument is given and
 # JAX detects no cluster (State.initialize: its coordinator_address is None).
@@ -86,6 +91,13 @@ def client() -> Any:
   ``jax.distributed.initialize``)."""
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   return distributed.global_state.client
+
+
+def backends_started() -> bool:
+  """Whether this process has started JAX's backends (after which
+  ``jax.distributed.initialize`` can no longer be called)."""
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  return xla_bridge.backends_are_initialized()
 
 
 def _parameters(function: Any) -> list[str]:
@@ -140,6 +152,13 @@ def problems() -> list[str]:
     if "heartbeat_timeout" not in _parameters(service):
       found.append("get_distributed_runtime_service takes no "
                    "heartbeat_timeout")
+  try:
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    started = xla_bridge.backends_are_initialized
+  except (ImportError, AttributeError):
+    started = None
+  if not callable(started) or _parameters(started):
+    found.append("jax._src.xla_bridge has no backends_are_initialized()")
   if not hasattr(getattr(distributed, "global_state", None), "client"):
     found.append("jax._src.distributed.global_state has no client")
   runtime_client = getattr(_jax, "DistributedRuntimeClient", None)
