@@ -23,7 +23,7 @@ from augfl_jax.core import fields
 from augfl_jax import data, training
 from augfl_jax.algorithms.fedoa import round as fedoa
 from augfl_jax.data import rotated
-from augfl_jax.training import checkpoints, outputs, rounds, wiring
+from augfl_jax.training import checkpoints, experiment, outputs, rounds
 from augfl_jax.training.config import algorithm_config
 
 
@@ -153,9 +153,9 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
       return saved["accuracy"]
   quiet = lambda line: None
   plan = training.prepare(config)
-  fed = wiring.load_federated(plan)
+  fed = experiment.load_federated(plan)
   fed, _ = transform(fed)
-  algo, params = wiring.build_algorithm(plan, fed, quiet)
+  algo, params = experiment.build_algorithm(plan, fed, quiet)
   like = algo.start(params, fed.train, jax.random.key(0),
                     partial=rounds.partial(config.clients_per_round,
                                            fed.train.num_clients))
@@ -168,7 +168,7 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
     raise ValueError(f"{manager.directory} has no readable checkpoint of "
                      f"round {config.rounds} (newest readable: {step}) to "
                      "score FedOA's personal adapters")
-  pm_model = wiring.pm_model(config, fed.num_classes)
+  pm_model = experiment.pm_model(config, fed.num_classes)
   evaluate = fedoa.make_evaluate_personal(
       pm_model, algorithm_config(config),
       strategy=plan.strategy)

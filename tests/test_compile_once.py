@@ -11,7 +11,7 @@ Counted from jax's own records (``jax_log_compiles``, as optax's
   so a cache hit (``tests/conftest.py``'s ``compile_cache``, which this
   module does not use) does not hide it.
 
-The round is ``training.safety.guard_round``'s fused program: its Python
+The round is ``training.guard.guard_round``'s fused program: its Python
 function ``guarded`` (the algorithm's round and the non-finite guard) is
 traced once per structure of the arguments, and lowered as
 ``hoisted_guarded`` (``core.jit.hoisted_jit``); the evaluation is the algorithm's jitted ``evaluate``,

@@ -11,7 +11,7 @@ import pytest
 
 from augfl_jax import algorithms, training
 from augfl_jax.core import fields
-from augfl_jax.training import checkpoints, wiring
+from augfl_jax.training import checkpoints, experiment
 from augfl_jax.training.config import algorithm_config
 
 
@@ -61,8 +61,8 @@ def _rounds(config, rounds):
   """The state after ``rounds`` rounds of the algorithm built from
   ``config``'s plan, on the run's data, from the run's initial state."""
   plan = training.prepare(config)
-  fed = wiring.load_federated(plan)
-  algo, params = wiring.build_algorithm(plan, fed, log=lambda s: None)
+  fed = experiment.load_federated(plan)
+  algo, params = experiment.build_algorithm(plan, fed, log=lambda s: None)
   state = algo.start(params, fed.train, plan.keys()[1])
   for _ in range(rounds):
     state = algo.round(state, fed.train, None)[0]

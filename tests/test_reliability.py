@@ -34,7 +34,7 @@ from augfl_jax.algorithms import fedavg
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax import data, models, training
 from augfl_jax.core import fields
-from augfl_jax.training import checkpoints, outputs, wiring
+from augfl_jax.training import checkpoints, experiment, outputs
 from tests import run_files, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +77,7 @@ def _wait_for_round(proc, round_):
 def _no_data_loaded(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("the data were loaded")
-  monkeypatch.setattr(wiring, "load_federated", refuse)
+  monkeypatch.setattr(experiment, "load_federated", refuse)
 
 
 # ----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 from augfl_jax import algorithms, models, training
 from augfl_jax.storage import checkpoint
 from augfl_jax.core import client_axis as clients, fields
-from augfl_jax.training import checkpoints, loop, rounds, wiring
+from augfl_jax.training import checkpoints, experiment, loop, rounds
 from tests import fake_pm, run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -336,8 +336,8 @@ def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
   # The explicit participant list of everyone takes the gather/scatter path
   # and must give the same round as participants=None.
   plan = training.prepare(_config(algorithm=algorithm, **extra))
-  fed = wiring.load_federated(plan)
-  algo, params = wiring.build_algorithm(plan, fed, lambda s: None)
+  fed = experiment.load_federated(plan)
+  algo, params = experiment.build_algorithm(plan, fed, lambda s: None)
   state = jax.device_put(algo.init(params, fed.train.num_clients,
                                    jax.random.key(0)), jax.devices()[0])
   a, _ = algo.round(state, fed.train, None)
@@ -364,8 +364,8 @@ def test_partial_participation_touches_only_participants(pm_dir, algorithm):
     extra = {**extra, "pm.dir": pm_dir}
   plan = training.prepare(_config(algorithm=algorithm,
                                   clients_per_round=5, **extra))
-  fed = wiring.load_federated(plan)
-  algo, params = wiring.build_algorithm(plan, fed, lambda s: None)
+  fed = experiment.load_federated(plan)
+  algo, params = experiment.build_algorithm(plan, fed, lambda s: None)
   n = fed.train.num_clients
   state = jax.device_put(algo.init(params, n, jax.random.key(1)),
                          jax.devices()[0])

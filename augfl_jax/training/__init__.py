@@ -13,23 +13,24 @@ A run goes flags -> :class:`RunConfig` -> :func:`prepare` (the
 
 Public: :mod:`.config` (``RunConfig`` and its sections; a user's method
 gets its section from ``config.config_class()``), :mod:`.plan`
-(``prepare``, ``validate``), :mod:`.presets` (``resolve``: the dataset's
-and the paper's defaults), :mod:`.loop` (``run``), :mod:`.safety` (the
+(``prepare``, ``validate``), :mod:`.defaults` (``resolve``: the dataset's
+and the paper's defaults), :mod:`.loop` (``run``), :mod:`.guard` (the
 non-finite guard) and :class:`StopSignals` (``augfl_jax.processes.signals``:
 wrap a loop over runs in one to see a signal that came in a run's last
 round). A run across processes is ``augfl_jax.processes``
 (``processes.group.initialize`` before ``run``). Internal:
-:mod:`.wiring` (data, models, the PM by its role, the algorithm),
+:mod:`.experiment` (data, models, the PM by its role, the algorithm),
 :mod:`.rounds` (the round loop), :mod:`.scoring` (records, intervals, the
 summary),
-:mod:`.resume` (where a run starts, and its checks), :mod:`.feasibility`
+:mod:`.resume` (where a run starts, and its checks), :mod:`.limits`
 (sizes against the machine), :mod:`.outputs`, :mod:`.checkpoints` and
 :mod:`.events` (the run's files).
 """
 
 from augfl_jax.processes.signals import StopSignals
-from augfl_jax.training import (checkpoints, config, events, loop, outputs,
-                                plan, presets, resume, rounds, safety, wiring)
+from augfl_jax.training import (checkpoints, config, defaults, events,
+                                experiment, guard, limits, loop, outputs,
+                                plan, resume, rounds)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
                                        RunConfig, pm_role, resumable_fields,
                                        resume_changes, unread_sections)
@@ -37,7 +38,7 @@ from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
                                      RunInterrupted, run)
 from augfl_jax.training.outputs import OutputDirError
 from augfl_jax.training.plan import Plan, prepare, validate
-from augfl_jax.training.presets import resolve
+from augfl_jax.training.defaults import resolve
 from augfl_jax.core.progress import Progress
 
 __all__ = [

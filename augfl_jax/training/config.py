@@ -16,7 +16,7 @@ the ``RunConfig`` that commands build their flags from.
 
 A field left ``None`` (or ``"auto"``) takes the dataset's preset, then the
 paper's value (§VI-A), then the backend's measured choice:
-:func:`augfl_jax.training.presets.resolve` fills them in, and ``config.json``
+:func:`augfl_jax.training.defaults.resolve` fills them in, and ``config.json``
 records the resolved configuration, with the sections its run read
 (:data:`READ_SECTIONS`: :func:`to_config_json`, :func:`from_config_json`).
 Flags, sweeps and ``config.json`` name a field by its dotted path

@@ -53,13 +53,13 @@ from augfl_jax.storage import checkpoint
 from augfl_jax.training import resume as resuming
 from augfl_jax.processes import group
 from augfl_jax.processes.signals import StopSignals
-from augfl_jax.training import rounds, scoring, wiring
+from augfl_jax.training import experiment, rounds, scoring
 from augfl_jax.training.checkpoints import RunCheckpoints
 from augfl_jax.training.config import RunConfig, unused_sections
 from augfl_jax.training.outputs import OutputDir, PeerOutputDir
 from augfl_jax.training.plan import Plan, prepare
 from augfl_jax.training.rounds import sample_participants
-from augfl_jax.training.safety import NonFiniteError, RunInterrupted
+from augfl_jax.training.guard import NonFiniteError, RunInterrupted
 
 __all__ = ["run", "CHECKPOINT_EVERY", "NonFiniteError", "RunInterrupted",
            "sample_participants", "shows_live_line"]
@@ -201,7 +201,7 @@ def _agree_on_data(plan: Plan, fed: data.FederatedData) -> None:
 def _load(plan: Plan, transform_data) -> tuple[data.FederatedData, str]:
   """The run's federated data (``transform_data`` applied) and its
   description, ``partition.txt``."""
-  fed = wiring.load_federated(plan)
+  fed = experiment.load_federated(plan)
   description = fed.describe()
   if transform_data is not None:
     fed = transform_data(fed)
@@ -283,7 +283,7 @@ def _train(plan, out, checkpoints, log, checkpoint_every, resume,
   kept = None if resumed_from is None else checkpoints.path(start_round)
   new_pm = _pretrains_pm(plan)
   try:
-    algo, params = wiring.build_algorithm(
+    algo, params = experiment.build_algorithm(
         plan, fed, log, should_stop=lambda: stop.signum is not None)
   except pretrain.Stopped as e:
     raise RunInterrupted(

@@ -1,9 +1,9 @@
 """A run's plan: its configuration resolved, checked and located, once.
 
 :func:`prepare` turns a :class:`RunConfig` (from flags, a sweep or Python)
-into a :class:`Plan`: every default filled in (:mod:`.presets`), every
+into a :class:`Plan`: every default filled in (:mod:`.defaults`), every
 check that can be made before anything is loaded or compiled (the models,
-the PM, the sizes against the machine: :mod:`.feasibility`), the
+the PM, the sizes against the machine: :mod:`.limits`), the
 algorithm's spec and the section it reads, the role of its PM, the
 sections the run never reads, where the dataset's files are and how the
 client axis runs. ``training.run`` and the commands take the plan; nothing
@@ -20,10 +20,10 @@ import jax
 
 from augfl_jax import algorithms, data, models
 from augfl_jax.core import client_axis, fields
-from augfl_jax.training import feasibility, presets
+from augfl_jax.training import defaults, limits
 from augfl_jax.training.config import (RunConfig, algorithm_config, pm_role,
                                        section_name, unread_sections)
-from augfl_jax.training.safety import RunInterrupted
+from augfl_jax.training.guard import RunInterrupted
 
 __all__ = ["Plan", "prepare", "validate"]
 
@@ -92,7 +92,7 @@ def prepare(config: RunConfig) -> Plan:
       arrived is kept; the same command continues).
   """
   spec = algorithms.spec(config.algorithm)
-  config = presets.resolve(config)
+  config = defaults.resolve(config)
   known_models = models.available_models()
   role, d = pm_role(config), config.data
   checks = [
@@ -110,10 +110,10 @@ def prepare(config: RunConfig) -> Plan:
     if not ok:
       raise ValueError(message)
   if role != "none" and config.pm.kwargs:
-    feasibility.check_pm_kwargs(config, presets.model_kwargs(
+    limits.check_pm_kwargs(config, defaults.model_kwargs(
         config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
   unread = unread_sections(config)
-  feasibility.check(config, unread)
+  limits.check(config, unread)
   name, _, inner = config.strategy.partition(":")  # "sharded:map"
   strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
                                         inner=inner or "vmap")

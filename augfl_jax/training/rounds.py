@@ -38,7 +38,7 @@ from augfl_jax.training.checkpoints import CheckpointError
 from augfl_jax.training.config import (RunConfig, fields_to_lower,
                                        to_config_json)
 from augfl_jax.training.events import EventWriter
-from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
+from augfl_jax.training.guard import (NonFiniteError, RunInterrupted,
                                        describe, guard_round)
 
 __all__ = ["LoopConfig", "RoundLoop", "committed", "partial",

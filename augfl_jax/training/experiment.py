@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from augfl_jax import algorithms, data, models, transfer
 from augfl_jax.algorithms.augfl import factored
 from augfl_jax.pm import store as pm, pretrain
-from augfl_jax.training import presets
+from augfl_jax.training import defaults
 from augfl_jax.training.config import RunConfig
 from augfl_jax.training.plan import Plan
 
@@ -65,7 +65,7 @@ def load_federated(plan: Plan) -> data.FederatedData:
 def pm_model(config: RunConfig, num_classes: int):
   """The PM's Flax module."""
   return models.create_model(
-      config.pm.model, num_classes, **presets.model_kwargs(
+      config.pm.model, num_classes, **defaults.model_kwargs(
           config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
 
 
@@ -89,7 +89,7 @@ def load_pm(config: RunConfig, fed: data.FederatedData, log: Log,
       config.pm.dir, model=module, model_name=config.pm.model,
       dataset_name=config.dataset, server=fed.server,
       server_size=config.data.server_size,
-      split_seed=presets.server_split_seed(config),
+      split_seed=defaults.server_split_seed(config),
       config=pm_recipe(config), input_shape=fed.input_shape, log=log,
       should_stop=should_stop)
   held = [meta.get(k) for k in ("heldout_accuracy",
@@ -126,7 +126,7 @@ def build_algorithm(plan: Plan, fed: data.FederatedData, log: Log,
   config, role = plan.config, plan.pm_role
   model = models.create_model(
       config.model, fed.num_classes,
-      **presets.model_kwargs(config.model, config.norm,
+      **defaults.model_kwargs(config.model, config.norm,
                              conv_impl=config.conv_impl))
   input_shape = fed.input_shape
   regularizer = encoder_apply = None
