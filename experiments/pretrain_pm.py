@@ -37,7 +37,7 @@ from absl import logging
 from augfl_jax import data, models, training
 from augfl_jax.pm import pretrain, store as pm
 from augfl_jax.core.progress import counted
-from augfl_jax.training import defaults, experiment
+from augfl_jax.training import defaults, pm_roles
 from experiments import cli as run_flags
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
@@ -91,7 +91,7 @@ def pretrain_pm(config: training.RunConfig, log=print,
   (``pretrain.Stopped``, its checkpoint kept)."""
   run = resolve_pm(config)
   name, server_size, pm_dir = run.pm.model, run.data.server_size, run.pm.dir
-  recipe = experiment.pm_recipe(run)
+  recipe = pm_roles.pm_recipe(run)
   recipe.validate()
   if run.data.download:  # fetched on request only
     data.fetch(run.dataset, run.data.data_dir, form=run.data.download_as)

@@ -296,7 +296,7 @@ def test_bad_participants_are_refused_where_a_run_draws_them(
     monkeypatch, tmp_path, participants, message):
   """The training path traces its round (the guard fuses it): the ids are
   checked as they are drawn, before the round runs."""
-  monkeypatch.setattr(training.loop, "sample_participants",
+  monkeypatch.setattr(training.experiment, "sample_participants",
                       lambda *args: np.asarray(participants))
   with pytest.raises(ValueError, match=message):
     training.run(_config(algorithm="fedavg", rounds=1), str(tmp_path),

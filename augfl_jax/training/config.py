@@ -39,9 +39,9 @@ from augfl_jax.transfer import crd
 
 __all__ = [
     "algorithm_config", "AUTO", "config_class", "DataConfig", "EvalConfig",
-    "fields_to_lower", "from_config_json", "pm_role", "PMConfig",
-    "READ_SECTIONS", "resumable_fields", "resume_changes", "RunConfig",
-    "section_name", "to_config_json", "unread_sections", "unused_sections"
+    "from_config_json", "pm_role", "PMConfig", "READ_SECTIONS",
+    "resumable_fields", "resume_changes", "RunConfig", "section_name",
+    "to_config_json", "unread_sections", "unused_sections"
 ]
 
 AUTO = "auto"  # strategy, conv_impl: the backend's measured choice
@@ -368,15 +368,6 @@ def resume_changes(config: RunConfig) -> tuple[str, ...]:
   saved, which is why they must be named; the change is recorded in
   ``changes.jsonl`` and the log."""
   return fields.select(config, resume="named")
-
-
-def fields_to_lower(config: RunConfig) -> tuple[str, ...]:
-  """What a non-finite round advises to lower: the :func:`resume_changes`
-  of ``config.algorithm``'s section, but those at 0 (a weight switched
-  off)."""
-  head = section_name(config) + "."
-  return tuple(n for n in resume_changes(config) if n.startswith(head)
-               and fields.get(config, n) != 0)
 
 
 # config.json's list of the sections of the configuration that its run read

@@ -1,41 +1,49 @@
-"""From a run's plan (:mod:`.plan`) to its data, models and algorithm.
+"""A run built from its plan: :func:`build` is the one way from a
+:class:`~augfl_jax.training.plan.Plan` to the run's data, its algorithm
+and where that starts.
 
-Each algorithm declares its PM role once (``algorithms.REGISTRY``; the plan
-holds the role its configuration gives it); this is the one place that acts
-on it:
+``training.run`` builds its run with it, and so do the commands that
+score a finished run again (``experiments.ood_domains``), the benchmarks
+and the tests::
 
-* ``regularizer`` (AugFL with lam > 0, KT-only): the PM stays on the server
-  inside ``grad R_h`` (:mod:`augfl_jax.transfer`);
-* ``initialization`` (FedLP): the client model starts from the PM, a model
-  of the client's architecture pretrained on the server split;
-* ``encoder`` (FedPCL): every client runs the frozen PM, a model of the
-  client's architecture pretrained on the server split (the paper's
-  "pretrained ResNet8x4"), as its encoder and trains a projector (one
-  hidden layer of 256) on its features;
-* ``backbone`` (FedIT, FedOA): LoRA adapters on the frozen PM.
+  plan = training.prepare(config)
+  experiment = training.build(plan)
+  state = experiment.start()                 # the run's initial state
+  state, metrics = experiment.algorithm.round(state, experiment.data.train)
+  evaluations = experiment.evaluations()     # what the run scores
+
+The state starts from the run's key (``plan.keys()``: the client model's
+initialisation from the first, the algorithm's state from the second),
+whoever builds it. The PM takes the role its algorithm declares
+(:mod:`.pm_roles`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
-import jax.numpy as jnp
+import numpy as np
 
-from augfl_jax import algorithms, data, models, transfer
-from augfl_jax.algorithms.augfl import factored
-from augfl_jax.pm import store as pm, pretrain
-from augfl_jax.training import defaults
-from augfl_jax.training.config import RunConfig
+from augfl_jax import algorithms, data, models, processes
+from augfl_jax.core import tree
+from augfl_jax.training import defaults, pm_roles, scoring
+from augfl_jax.training.checkpoints import RunCheckpoints
 from augfl_jax.training.plan import Plan
 
-__all__ = [
-    "build_algorithm", "load_federated", "load_pm", "Log", "pm_apply",
-    "pm_model", "pm_recipe"
-]
+__all__ = ["Experiment", "Loaded", "build", "load", "load_federated",
+           "sample_participants"]
 
 Log = Callable[[str], None]
+TransformData = Callable[[data.FederatedData],
+                         data.FederatedData | tuple[data.FederatedData, str]]
+
+
+def _quiet(line: str) -> None:
+  del line
 
 
 def load_federated(plan: Plan) -> data.FederatedData:
@@ -62,112 +70,171 @@ def load_federated(plan: Plan) -> data.FederatedData:
   return fed
 
 
-def pm_model(config: RunConfig, num_classes: int):
-  """The PM's Flax module."""
-  return models.create_model(
-      config.pm.model, num_classes, **defaults.model_kwargs(
-          config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A run's data as it trains on them.
+
+  Attributes:
+    data: the federated data (``transform_data`` applied).
+    description: ``partition.txt``: the files read, the partition, ...
+  """
+
+  data: data.FederatedData
+  description: str
+
+  @functools.cached_property
+  def digest(self) -> str:
+    """SHA-256 (hex) of every array the run reads: the training, held-out
+    and test-split clients' examples, labels and masks, and the server
+    split (shapes and dtypes included; ``core.tree.digest``); every
+    checkpoint records it."""
+    fed = self.data
+    return tree.digest((fed.train, fed.test, fed.server,
+                        None if fed.test_split is None
+                        else fed.test_split.clients))
 
 
-def pm_recipe(config: RunConfig) -> pretrain.PretrainConfig:
-  """How the run's PM is (or was) pretrained."""
-  return pretrain.PretrainConfig(
-      model=config.pm.model, epochs=config.pm.epochs, lr=config.pm.lr,
-      batch_size=config.pm.batch_size,
-      holdout_fraction=config.pm.holdout_fraction,
-      checkpoint_every_steps=config.pm.checkpoint_every_steps)
+def load(plan: Plan, transform_data: TransformData | None = None) -> Loaded:
+  """The run's data (:func:`load_federated`), ``transform_data`` applied:
+  it returns the data, or ``(data, description)`` (tests put a NaN into a
+  client; ``experiments.ood`` swaps in rotated domains)."""
+  fed = load_federated(plan)
+  description = fed.describe()
+  if transform_data is not None:
+    fed = transform_data(fed)
+    if isinstance(fed, tuple):
+      fed, description = fed
+  return Loaded(fed, description)
 
 
-def load_pm(config: RunConfig, fed: data.FederatedData, log: Log,
-            should_stop: Callable[[], bool] | None = None):
-  """``(module, variables, metadata)``: reused from ``config.pm.dir`` when
-  it was trained for the run, pretrained on the server split when there is
-  none (``variables = {"params", "batch_stats"}``); ``should_stop`` as
-  ``pm.get_or_pretrain_pm``'s."""
-  module = pm_model(config, fed.num_classes)
-  variables, meta = pm.get_or_pretrain_pm(
-      config.pm.dir, model=module, model_name=config.pm.model,
-      dataset_name=config.dataset, server=fed.server,
-      server_size=config.data.server_size,
-      split_seed=defaults.server_split_seed(config),
-      config=pm_recipe(config), input_shape=fed.input_shape, log=log,
-      should_stop=should_stop)
-  held = [meta.get(k) for k in ("heldout_accuracy",
-                                "heldout_accuracy_running")]
-  shown = ", ".join(f"{100 * h:.2f}%{suffix}" for h, suffix in zip(
-      held, ("", " with running statistics")) if h is not None) or "n/a"
-  log(f"PM {config.pm.model} ({meta.get('num_params', 0):,} parameters, "
-      f"held-out accuracy {shown}) from {config.pm.dir}")
-  return module, variables, meta
+def partial(clients_per_round: int, num_clients: int) -> bool:
+  """Whether rounds take a subset of the ``num_clients`` clients."""
+  return clients_per_round not in (0, num_clients)
 
 
-def pm_apply(config: RunConfig, module, variables):
-  """``(apply(x, mask) -> (features, logits), per_example)``: the frozen PM
-  as the server's teacher or the clients' encoder. A batch-norm PM runs in
-  eval mode with its running statistics when ``config.pm.statistics`` is
-  ``"running"`` (the reference's teacher); then, as with GroupNorm or no
-  norm, its output for an example does not depend on the rest of its
-  batch."""
-  if (getattr(module, "norm", None) == "batch"
-      and config.pm.statistics == "running"):
-    module = module.clone(norm="running")
-  else:
-    variables = {"params": variables["params"]}
-  apply = lambda x, mask: module.apply(variables, x, mask=mask)
-  return apply, getattr(module, "norm", "none") != "batch"
+def sample_participants(seed: int, round_: int, num_clients: int,
+                        clients_per_round: int) -> np.ndarray | None:
+  """The clients taking part in ``round_``: ``clients_per_round`` of them,
+  uniformly without replacement, reproducible from (seed, round); ``None``
+  (everyone) when all take part (``clients_per_round`` 0 or ``C``)."""
+  if not partial(clients_per_round, num_clients):
+    return None
+  rng = np.random.default_rng([seed, round_])
+  return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
 
 
-def build_algorithm(plan: Plan, fed: data.FederatedData, log: Log,
-                    should_stop: Callable[[], bool] | None = None
-                   ) -> tuple[algorithms.FederatedAlgorithm, Any]:
-  """``(algorithm, initial_params)`` for the run, with the PM wired in by
-  its role (module docstring); ``should_stop``: asked while the PM is
-  pretrained (``pretrain.Stopped``)."""
-  config, role = plan.config, plan.pm_role
-  model = models.create_model(
+def _committed(state: Any) -> Any:
+  """On one device, ``state`` committed to it: a round's outputs are, and
+  jit compiles again for committed inputs after uncommitted ones."""
+  if jax.device_count() != 1:
+    return state
+  return jax.device_put(state, jax.devices()[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """A run built from its plan (:func:`build`).
+
+  Attributes:
+    plan: the run's plan.
+    loaded: its data (:class:`Loaded`: ``data``, ``description``,
+      ``digest``).
+    algorithm: the built ``FederatedAlgorithm``.
+    params: the initial parameters of the model it trains.
+    model: that model (the PM for a ``backbone`` method, the spec's head
+      on the encoder's features for an ``encoder`` one).
+  """
+
+  plan: Plan
+  loaded: Loaded
+  algorithm: algorithms.FederatedAlgorithm
+  params: Any
+  model: nn.Module
+
+  @property
+  def data(self) -> data.FederatedData:
+    """The run's federated data."""
+    return self.loaded.data
+
+  def participants(self, round_: int) -> np.ndarray | None:
+    """The training clients taking part in ``round_`` (None: all):
+    :func:`sample_participants` of the run's seed."""
+    config = self.plan.config
+    return sample_participants(config.seed, round_,
+                               self.data.train.num_clients,
+                               config.clients_per_round)
+
+  def start(self) -> Any:
+    """The state the run starts from: ``algorithm.start`` from the run's
+    key (``plan.keys()[1]``) on the training clients, placed where the
+    processes keep it (``processes.start``) and committed to its
+    device."""
+    config, train = self.plan.config, self.data.train
+    key = self.plan.keys()[1]
+    some = partial(config.clients_per_round, train.num_clients)
+    return _committed(processes.start(
+        lambda p, c: self.algorithm.start(p, c, key, some),
+        (self.params, train), train.num_clients, self.plan.strategy))
+
+  def restore(self, checkpoints: RunCheckpoints, log: Log = _quiet
+             ) -> tuple[int, Any, dict[str, Any]]:
+    """``(round, state, meta)`` of the newest checkpoint in
+    ``checkpoints`` that reads back whole, into the structure and
+    placement of :meth:`start`'s state (``CheckpointError`` when none
+    does)."""
+    round_, state, meta = checkpoints.restore(self.start(), log)
+    return round_, _committed(state), meta
+
+  def evaluations(self) -> dict[str, scoring.Evaluation]:
+    """What a run of the plan scores (``scoring.Evaluation``s by name,
+    the headline first): its held-out clients every ``eval_every`` rounds
+    and after the last, and its test-split clients after the last round
+    and every ``eval.test_split_every`` (or, where the data have none,
+    why not)."""
+    config, fed = self.plan.config, self.data
+    evaluate = self.algorithm.evaluate
+    split = fed.test_split
+    return {
+        "heldout": scoring.heldout(evaluate, fed.test, config.eval_every),
+        "test_split": scoring.not_scored(
+            fed.test_split_off or "not scored",
+            config.eval.test_split_every) if split is None else
+        scoring.test_split(evaluate, split, config.eval.test_split_every)}
+
+
+def build(plan: Plan, loaded: Loaded | None = None, *,
+          transform_data: TransformData | None = None, log: Log = _quiet,
+          should_stop: Callable[[], bool] | None = None) -> Experiment:
+  """The run of ``plan``: its data (``loaded``, else :func:`load` with
+  ``transform_data``), the client model, the PM in its role
+  (:func:`pm_roles.wire`: loaded, or pretrained on the server split, first,
+  so that a mismatched PM fails before anything compiles; ``should_stop``
+  is asked meanwhile, ``pretrain.Stopped``), the initial parameters (from
+  ``plan.keys()[0]`` where the PM gives none) and the algorithm.
+  ``log`` gets the PM's, the model's and the algorithm's lines."""
+  loaded = loaded or load(plan, transform_data)
+  config, fed = plan.config, loaded.data
+  client = models.create_model(
       config.model, fed.num_classes,
       **defaults.model_kwargs(config.model, config.norm,
-                             conv_impl=config.conv_impl))
-  input_shape = fed.input_shape
-  regularizer = encoder_apply = None
-  if role != "none":  # first: a mismatched PM fails before any compilation
-    module, variables, _ = load_pm(config, fed, log, should_stop)
-    pm_params = variables["params"]
-    teacher, per_example = pm_apply(config, module, variables)
-  params = None
-  if role == "regularizer":
-    weight = getattr(plan.algorithm_config, "lam", None)  # of R_h
-    log(f"server regulariser {config.regularizer}"
-        + ("" if weight is None else f", lam {weight}"))
-    regularizer = transfer.make_regularizer(
-        config.regularizer, student_apply=models.make_features_fn(model),
-        teacher_apply=teacher, pm_params=pm_params, server=fed.server,
-        config=config.crd, teacher_per_example=per_example)
-  elif role == "encoder":
-    encoder_apply = lambda x, mask: teacher(x, mask)[0]
-    features = jax.eval_shape(
-        encoder_apply, jax.ShapeDtypeStruct((2,) + input_shape, jnp.float32),
-        jax.ShapeDtypeStruct((2,), jnp.float32))
-    input_shape = features.shape[1:]
-    model = models.create_model("mlp", fed.num_classes, hidden=(256,),
-                                norm="none")
-  elif role in ("initialization", "backbone"):
-    params = pm_params
-    if role == "backbone":
-      model = module
+                              conv_impl=config.conv_impl))
+  wired = pm_roles.wire(plan, client, fed, log, should_stop)
+  params = wired.params
   if params is None:
-    params = models.init_params(model, plan.keys()[0], input_shape)
-  name = {"backbone": f"{config.pm.model} + LoRA",
-          "encoder": "projector mlp"}.get(role, config.model)
-  log(f"model {name}: {models.num_params(params):,} parameters; algorithm "
-      f"{config.algorithm}; {fed.train.num_clients} train / "
+    params = models.init_params(wired.model, plan.keys()[0],
+                                wired.input_shape)
+  log(f"model {wired.name}: {models.num_params(params):,} parameters; "
+      f"algorithm {config.algorithm}; {fed.train.num_clients} train / "
       f"{fed.test.num_clients} test clients")
-  if getattr(plan.algorithm_config, "dense_updates", None) == "auto":
-    chosen = factored.choose(plan.algorithm_config, models.make_loss_fn(model),
-                             params, fed.train)
-    log(f"dense updates: {chosen} (auto)")
-  algo = algorithms.build(
-      config.algorithm, model, plan.algorithm_config, strategy=plan.strategy,
-      eval_alpha=config.eval.alpha, eval_steps=config.eval.steps,
-      regularizer=regularizer, encoder_apply=encoder_apply)
-  return algo, params
+  if plan.spec.describe_start is not None:
+    line = plan.spec.describe_start(
+        plan.algorithm_config, models.make_loss_fn(wired.model), params,
+        fed.train)
+    if line:
+      log(line)
+  algorithm = algorithms.build(
+      config.algorithm, wired.model, plan.algorithm_config,
+      strategy=plan.strategy, eval_alpha=config.eval.alpha,
+      eval_steps=config.eval.steps, regularizer=wired.regularizer,
+      encoder_apply=wired.encoder_apply)
+  return Experiment(plan, loaded, algorithm, params, wired.model)

@@ -22,8 +22,9 @@ from augfl_jax import algorithms, data, models
 from augfl_jax.core import client_axis, fields
 from augfl_jax.training import defaults, limits
 from augfl_jax.training.config import (RunConfig, algorithm_config, pm_role,
-                                       section_name, unread_sections)
-from augfl_jax.training.guard import RunInterrupted
+                                       resume_changes, section_name,
+                                       unread_sections, unused_sections)
+from augfl_jax.training.stops import RunInterrupted
 
 __all__ = ["Plan", "prepare", "validate"]
 
@@ -39,6 +40,8 @@ class Plan:
     section: the ``RunConfig`` section the algorithm reads.
     pm_role: what the run's PM does (``"none"``: the run has none).
     unread: the sections the run never reads.
+    unused: the other algorithms' sections (among ``unread``): a run's
+      configuration is the rest.
     location: where the dataset's files are.
     strategy: how the client axis runs, for the rounds and evaluations.
   """
@@ -48,6 +51,7 @@ class Plan:
   section: str
   pm_role: str
   unread: tuple[str, ...]
+  unused: tuple[str, ...]
   location: data.Location
   strategy: client_axis.ClientStrategy
 
@@ -55,6 +59,15 @@ class Plan:
   def algorithm_config(self) -> Any:
     """The algorithm's config: the section it reads."""
     return getattr(self.config, self.section)
+
+  @property
+  def lower(self) -> tuple[str, ...]:
+    """What a non-finite round advises to lower: the fields of the
+    algorithm's section that a resume may change when named
+    (``resume_changes``), but those at 0 (a weight switched off)."""
+    head = self.section + "."
+    return tuple(n for n in resume_changes(self.config)
+                 if n.startswith(head) and fields.get(self.config, n) != 0)
 
   def keys(self) -> tuple[jax.Array, jax.Array]:
     """``(init_key, run_key)`` from the seed: the client model's
@@ -134,8 +147,8 @@ def prepare(config: RunConfig) -> Plan:
   if location.kind != "embedded":  # record where the files are
     config = fields.replace(config, **{"data.data_dir": location.path})
   return Plan(config=config, spec=spec, section=section_name(config),
-              pm_role=role, unread=unread, location=location,
-              strategy=strategy)
+              pm_role=role, unread=unread, unused=unused_sections(config),
+              location=location, strategy=strategy)
 
 
 def validate(config: RunConfig) -> RunConfig:
