@@ -108,13 +108,13 @@ def describe(domains_: Sequence[rotated.RotatedDomain], held_out: int,
       f"server split: {server_size} examples (unrotated, in no domain)"])
 
 
-def leave_out(config: training.RunConfig, protocol: Protocol, held_out: int
+def leave_out(plan: training.Plan, protocol: Protocol, held_out: int
              ) -> Callable[[data.FederatedData],
                            tuple[data.FederatedData, str]]:
-  """``training.run``'s ``transform_data`` for one run: the clients of the
-  other domains train, the held-out domain's clients are the test
-  clients."""
-  config = training.validate(config)
+  """``training.run``'s ``transform_data`` for the run of ``plan``: the
+  clients of the other domains train, the held-out domain's clients are
+  the test clients."""
+  config = plan.config
 
   def transform(fed: data.FederatedData):
     server_size = len(fed.partition.server)
@@ -127,12 +127,12 @@ def leave_out(config: training.RunConfig, protocol: Protocol, held_out: int
   return transform
 
 
-def personal_accuracy(run_dir: str, config: training.RunConfig,
+def personal_accuracy(run_dir: str, plan: training.Plan,
                       transform: Callable[..., Any]) -> float:
   """FedOA's paper protocol: the training clients' personal adapters of the
   run's last checkpoint, as they are, on the whole held-out domain
   (``fedoa.make_evaluate_personal`` on ``rotated.pool_clients``), the run
-  built from its plan (``training.build``, ``transform`` its
+  built from its ``plan`` (``training.build``, ``transform`` its
   ``transform_data``).
 
   The result is kept in ``run_dir/personal.json`` with the configuration it
@@ -141,7 +141,6 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
   Raises:
     ValueError: the run has no readable checkpoint of its last round.
   """
-  plan = training.prepare(config)
   config = plan.config
   path = os.path.join(run_dir, "personal.json")
   resolved = fields.to_dict(config)
