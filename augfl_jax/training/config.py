@@ -30,7 +30,7 @@ import functools
 import typing
 from typing import Any
 
-from augfl_jax import algorithms, models
+from augfl_jax import algorithms, data, models
 from augfl_jax.algorithms import (augfl, fedavg, fedbc, fedcp, fedit, fedoa,
                                   fedopt, fedpcl, fedproto, per_fedavg)
 from augfl_jax.core import client_axis, fields
@@ -45,6 +45,29 @@ __all__ = [
 ]
 
 AUTO = "auto"  # strategy, conv_impl: the backend's measured choice
+
+
+def _algorithm_help() -> str:
+  """``--algorithm``'s help: the registered methods, in the registry's
+  order."""
+  return ("the method (augfl_jax.algorithms.REGISTRY): "
+          + ", ".join(algorithms.REGISTRY))
+
+
+def _dataset_help() -> str:
+  """``--dataset``'s help: the catalog's datasets (``data.DATASETS``),
+  grouped by what they are read from, and their other names."""
+  groups: dict[str, list[str]] = {}
+  for spec in data.DATASETS.values():
+    forms = (["embedded: no files"] if spec.embedded else
+             ["IDX files"] * bool(spec.idx_files) +
+             ["CIFAR binary files"] * bool(spec.cifar_files) +
+             ["a tfds prepared copy"] * bool(spec.tfds_name))
+    groups.setdefault(" or ".join(forms), []).append(spec.name)
+  return "; ".join([f"{', '.join(names)} ({form})"
+                    for form, names in groups.items()] +
+                   [f"{alias} = {name}"
+                    for alias, name in data.ALIASES.items()])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +127,8 @@ class PMConfig(fields.Config):
 
   model: str | None = field(
       None, "PM architecture (default resnet32x4; digits cnn; synthetic "
-      "mlp; fedlp: the client model)")
+      "mlp; the client model for a method whose PM starts or encodes the "
+      "clients, PM role initialization or encoder)")
   epochs: int | None = field(
       None, "pretraining epochs when no matching PM is saved (default 240, "
       "the reference's; digits 30)", ge=1)
@@ -176,15 +200,8 @@ class RunConfig(fields.Config):
     config = fields.replace(config, **{"augfl.lam": 0.0})   # AugFL w/o PM
   """
 
-  algorithm: str = field("augfl", "the method (augfl_jax.algorithms."
-                         "REGISTRY): augfl, kt_only, fedavg, fedavgm, "
-                         "fedadam, fedyogi, per_fedavg, fedbc, per_fedbc, "
-                         "fedlp, fedproto, fedpcl, fedcp, fedit, fedoa")
-  dataset: str = field(
-      "digits", "digits, synthetic (embedded: no files); fashion_mnist, "
-      "mnist, kmnist, emnist (= emnist/letters, the paper's EMNIST, 26 "
-      "classes), emnist/balanced|digits|byclass|bymerge (IDX files or a "
-      "tfds prepared copy); cifar10, cifar100 (a tfds prepared copy)")
+  algorithm: str = field("augfl", _algorithm_help())
+  dataset: str = field("digits", _dataset_help())
   model: str | None = field(
       None, "client model: mlp, cnn, logreg, resnet8x4, ... (default: the "
       "dataset's: digits mlp, synthetic logreg, 28x28 images cnn, CIFAR "
