@@ -92,22 +92,10 @@ def _without_pm(config: RunConfig) -> str:
   return ""
 
 
-def prepare(config: RunConfig) -> Plan:
-  """Resolves ``config``, checks it and locates its data (fetched first
-  with ``data.download``, :func:`augfl_jax.data.fetch`): the run's plan.
-
-  Raises:
-    ValueError: one line saying what is wrong and what would be right.
-    data.DatasetUnavailableError: the dataset's files are not on this
-      machine (one line: the files, the places searched, how to get them),
-      or ``data.download`` could not fetch them (``data.DownloadError``).
-    RunInterrupted: SIGINT or SIGTERM while they were fetched (what
-      arrived is kept; the same command continues).
-  """
-  spec = algorithms.spec(config.algorithm)
-  config = defaults.resolve(config)
-  known_models = models.available_models()
-  role, d = pm_role(config), config.data
+def _check_models(config: RunConfig, role: str) -> None:
+  """Refuses (``ValueError``) an unknown client model, a PM without a
+  server split to train it on, or an unknown PM or PM kwargs."""
+  known_models, d = models.available_models(), config.data
   checks = [
       (config.model in known_models, f"unknown --model {config.model!r}; "
        f"choose one of {', '.join(known_models)}"),
@@ -125,11 +113,11 @@ def prepare(config: RunConfig) -> Plan:
   if role != "none" and config.pm.kwargs:
     limits.check_pm_kwargs(config, defaults.model_kwargs(
         config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
-  unread = unread_sections(config)
-  limits.check(config, unread)
-  name, _, inner = config.strategy.partition(":")  # "sharded:map"
-  strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
-                                        inner=inner or "vmap")
+
+
+def _locate(config: RunConfig) -> data.Location:
+  """Where the dataset's files are (fetched first with ``data.download``),
+  and its test split where ``--eval.test_split=on`` needs one."""
   if config.data.download:
     try:
       data.fetch(config.dataset, config.data.data_dir,
@@ -144,6 +132,31 @@ def prepare(config: RunConfig) -> Plan:
       raise ValueError(f"--eval.test_split=on: {e}; pass "
                        "--eval.test_split=auto or off to run without "
                        "it") from None
+  return location
+
+
+def prepare(config: RunConfig) -> Plan:
+  """Resolves ``config``, checks it and locates its data (fetched first
+  with ``data.download``, :func:`augfl_jax.data.fetch`): the run's plan.
+
+  Raises:
+    ValueError: one line saying what is wrong and what would be right.
+    data.DatasetUnavailableError: the dataset's files are not on this
+      machine (one line: the files, the places searched, how to get them),
+      or ``data.download`` could not fetch them (``data.DownloadError``).
+    RunInterrupted: SIGINT or SIGTERM while they were fetched (what
+      arrived is kept; the same command continues).
+  """
+  spec = algorithms.spec(config.algorithm)
+  config = defaults.resolve(config)
+  role = pm_role(config)
+  _check_models(config, role)
+  unread = unread_sections(config)
+  limits.check(config, unread)
+  name, _, inner = config.strategy.partition(":")  # "sharded:map"
+  strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
+                                        inner=inner or "vmap")
+  location = _locate(config)
   if location.kind != "embedded":  # record where the files are
     config = fields.replace(config, **{"data.data_dir": location.path})
   return Plan(config=config, spec=spec, section=section_name(config),
