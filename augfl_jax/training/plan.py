@@ -151,7 +151,8 @@ def prepare(config: RunConfig) -> Plan:
   config = defaults.resolve(config)
   role = pm_role(config)
   _check_models(config, role)
-  unread = unread_sections(config)
+  section, unread = section_name(config), unread_sections(config)
+  unused = unused_sections(config)
   limits.check(config, unread)
   name, _, inner = config.strategy.partition(":")  # "sharded:map"
   strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
@@ -159,9 +160,9 @@ def prepare(config: RunConfig) -> Plan:
   location = _locate(config)
   if location.kind != "embedded":  # record where the files are
     config = fields.replace(config, **{"data.data_dir": location.path})
-  return Plan(config=config, spec=spec, section=section_name(config),
-              pm_role=role, unread=unread, unused=unused_sections(config),
-              location=location, strategy=strategy)
+  return Plan(config=config, spec=spec, section=section, pm_role=role,
+              unread=unread, unused=unused, location=location,
+              strategy=strategy)
 
 
 def validate(config: RunConfig) -> RunConfig:

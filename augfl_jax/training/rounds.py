@@ -212,10 +212,11 @@ class RoundLoop:
                for ev in self.evaluations.values())
 
   def _score_restored(self, start_round: int, state: Any) -> None:
-    """A run stopped by a non-finite evaluation scores its round again
-    (with the step size the resume changed)."""
-    if (self.train_losses and self._due(start_round) and
-        all(h["round"] != start_round for h in self.history)):
+    """A run stopped by a non-finite evaluation of its headline's round
+    scores that round again (with the step size the resume changed)."""
+    headline = next(iter(self.evaluations.values()))
+    if (self.train_losses and headline.due(start_round, self.config.rounds)
+        and all(h["round"] != start_round for h in self.history)):
       lines = self._evaluate(start_round, state)
       self._log_evaluation(
           f"round {start_round:4d}/{self.config.rounds}",
