@@ -1,5 +1,5 @@
-"""What a resolved configuration asks of the machine and of its models,
-checked before anything is loaded or compiled (:func:`check`, called by
+"""The limits of a run: what a resolved configuration asks of the machine
+and of its models, checked before anything is loaded or compiled (:func:`check`, called by
 ``plan.prepare``), each refusal one line naming the flag:
 
 * every integer fits 32 bits (the index type of JAX's arrays):

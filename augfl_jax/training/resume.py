@@ -17,11 +17,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 from augfl_jax import data, processes
 from augfl_jax.core import fields
 from augfl_jax.core.progress import counted
-from augfl_jax.training import config as run_config
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import (RunConfig, config_class,
                                        from_config_json, pm_role,
                                        resumable_fields, unused_sections)
+from augfl_jax.training.config import resume_changes as resume_changes_of
 from augfl_jax.training.outputs import OutputDir, OutputDirError
 from augfl_jax.training.plan import Plan
 
@@ -73,7 +73,7 @@ def check_resume_config(saved: RunConfig, plan: Plan,
   if not diff:
     return
   names = [d.partition(":")[0] for d in diff]
-  if all(n in run_config.resume_changes(config) for n in names):
+  if all(n in resume_changes_of(config) for n in names):
     way_out = ("to continue with these values, add --resume_changes="
                + ",".join(list(resume_changes) + names))
   else:
@@ -232,7 +232,7 @@ def check_run_control(plan: Plan, control: RunControl) -> None:
   if control.resume_changes and not control.resume:
     raise ValueError("--resume_changes names step sizes a resumed run "
                      "changes: it needs --resume")
-  allowed = run_config.resume_changes(config)
+  allowed = resume_changes_of(config)
   for name in control.resume_changes:
     if name not in allowed:
       raise ValueError(
