@@ -21,7 +21,7 @@ changed (``name:field=value+field=value``, e.g.
 ``shared:negative_sampling=shared``, ``subset10:kt_steps=10``), or the
 student's convolutions (``xla:conv_impl=xla``, ``models.conv``). Unless a
 variant names ``loop``, each step loops over its minibatches as a run of
-that student would (``training.presets.crd_loop``). Each
+that student would (``training.defaults.crd_loop``). Each
 variant's gradient is compared with the cached step's at the same theta and
 state (``rel_diff``: ``||g - g_full|| / ||g_full||``), beside the cached
 step's own difference between two draws of its negatives and minibatches
@@ -52,7 +52,7 @@ from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
 from augfl_jax.models.conv import check_conv_impl
 from augfl_jax import transfer
-from augfl_jax.training import presets
+from augfl_jax.training import defaults
 from benchmarks import cells
 from benchmarks import command
 
@@ -190,7 +190,7 @@ def make_regularizers(server: int, pm: str, student: str, batch_size: int,
                    model_kwargs)
   for name, (step_config, per_example, model_kwargs) in steps.items():
     if step_config.loop == "auto":  # what a run of this student runs
-      step_config = dataclasses.replace(step_config, loop=presets.crd_loop(
+      step_config = dataclasses.replace(step_config, loop=defaults.crd_loop(
           models.resolve_conv_impl(model_kwargs.get("conv_impl", "auto"))))
     start = time.perf_counter()
     init_fn, grad_fn = transfer.make_crd_regularizer(

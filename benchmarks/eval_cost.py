@@ -25,7 +25,7 @@ import jax
 
 from augfl_jax.core import evaluation, fields
 from augfl_jax import algorithms, data, models, training
-from augfl_jax.training import rounds, wiring
+from augfl_jax.training import experiment
 from benchmarks import command
 
 FLAGS = flags.FLAGS
@@ -57,11 +57,12 @@ def measure(config: training.RunConfig, repeats: int) -> dict:
   evaluation and the test-split scoring of ``config``'s run."""
   plan = training.prepare(config)
   config = plan.config
-  fed = wiring.load_federated(plan)
+  loaded = experiment.load(plan)
+  fed = loaded.data
   if fed.test_split is None:
     raise ValueError(f"{config.dataset}: no test split ({fed.test_split_off})")
-  algo, params = wiring.build_algorithm(plan, fed, log=lambda s: None)
-  state = rounds.committed(algo.start(params, fed.train, jax.random.key(0)))
+  built = training.build(plan, loaded)
+  algo, state = built.algorithm, built.start()
   work = {
       "round": lambda: algo.round(state, fed.train)[0],
       "heldout": lambda: algo.evaluate(state, fed.test)["accuracy"],

@@ -33,8 +33,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from augfl_jax.core import fields
 from augfl_jax import training
+from augfl_jax.core import fields
 from augfl_jax.storage import checkpoint
 from augfl_jax.training import outputs
 from augfl_jax.core.progress import counted
@@ -171,10 +171,8 @@ def run_study(study: str, base: training.RunConfig, seeds: list[int],
       holding a run of another configuration.
   """
   cells = study_cells(study, base.dataset, lams, pm_epochs)
-  for cell in cells:  # every cell's flags, before any run
-    training.validate(fields.replace(base, **cell))
-  rows = sweep.run_cells(base, cells, seeds, out,
-                         checkpoint_every=checkpoint_every)
+  runs = sweep.plan_runs(base, cells, seeds)  # every run's, before any run
+  rows = sweep.run_cells(runs, out, checkpoint_every=checkpoint_every)
   sweep.write_tables(rows, out, f"ablation {study} on {base.dataset}, "
                      f"{counted(base.rounds, 'round')}")
   label_by = list(dict.fromkeys(k for cell in cells for k in cell))

@@ -132,13 +132,14 @@ def run_ood(base: training.RunConfig, datasets: Sequence[str],
                      f"from {', '.join(METHODS)}")
   which = held_out_indices(protocol, held_out)
   cells = [method_cell(base, m) for m in methods]
+  runs = {}
   for dataset in datasets:  # everything that can fail, before any run
-    for cell in cells:
-      config = training.validate(fields.replace(base, dataset=dataset,
-                                                **cell))
-      for seed in seeds:
-        domains(config.dataset, config.data.data_dir, seed,
-                config.data.server_size, protocol)
+    runs[dataset] = sweep.plan_runs(fields.replace(base, dataset=dataset),
+                                    cells, list(seeds), names=list(methods))
+    for run in runs[dataset]:
+      config = run.plan.config
+      domains(config.dataset, config.data.data_dir, run.seed,
+              config.data.server_size, protocol)
   check_protocol(out, protocol)
   rows = []
   for dataset in datasets:
@@ -146,23 +147,21 @@ def run_ood(base: training.RunConfig, datasets: Sequence[str],
       angle = protocol.angles[h]
       print(f"== {dataset}: held-out domain {angle:g} degrees "
             f"({k}/{len(which)})", flush=True)
-      transform = lambda config, h=h: leave_out(config, protocol, h)
+      transform = lambda plan, h=h: leave_out(plan, protocol, h)
+      plans = {(r.name, r.seed): r.plan for r in runs[dataset]}
       for row in sweep.run_cells(
-          fields.replace(base, dataset=dataset), cells, list(seeds),
-          os.path.join(out, dataset.replace("/", "_"),
-                       f"held_out_{angle:g}"),
-          names=list(methods), transform=transform,
-          checkpoint_every=checkpoint_every):
+          runs[dataset], os.path.join(out, dataset.replace("/", "_"),
+                                      f"held_out_{angle:g}"),
+          transform=transform, checkpoint_every=checkpoint_every):
         row = {"dataset": dataset, "method": row["cell"],
                "held_out": angle, "seed": row["seed"],
                "final_accuracy": row["final_accuracy"],
                "best_accuracy": row["best_accuracy"],
                "personal_accuracy": "", "run_dir": row["run_dir"]}
         if row["method"] == "fedoa":
-          config = fields.replace(base, dataset=dataset, seed=row["seed"],
-                                  **method_cell(base, "fedoa"))
+          plan = plans["fedoa", row["seed"]]
           row["personal_accuracy"] = personal_accuracy(
-              row["run_dir"], config, transform(config))
+              row["run_dir"], plan, transform(plan))
         rows.append(row)
   return write_tables(rows, datasets, methods, base.rounds, out)
 

@@ -17,14 +17,11 @@ import json
 import os
 from typing import Any, Callable, Sequence
 
-import jax
-
 from augfl_jax.core import fields
 from augfl_jax import data, training
 from augfl_jax.algorithms.fedoa import round as fedoa
 from augfl_jax.data import rotated
-from augfl_jax.training import checkpoints, outputs, rounds, wiring
-from augfl_jax.training.config import algorithm_config
+from augfl_jax.training import checkpoints, outputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,13 +108,13 @@ def describe(domains_: Sequence[rotated.RotatedDomain], held_out: int,
       f"server split: {server_size} examples (unrotated, in no domain)"])
 
 
-def leave_out(config: training.RunConfig, protocol: Protocol, held_out: int
+def leave_out(plan: training.Plan, protocol: Protocol, held_out: int
              ) -> Callable[[data.FederatedData],
                            tuple[data.FederatedData, str]]:
-  """``training.run``'s ``transform_data`` for one run: the clients of the
-  other domains train, the held-out domain's clients are the test
-  clients."""
-  config = training.validate(config)
+  """``training.run``'s ``transform_data`` for the run of ``plan``: the
+  clients of the other domains train, the held-out domain's clients are
+  the test clients."""
+  config = plan.config
 
   def transform(fed: data.FederatedData):
     server_size = len(fed.partition.server)
@@ -130,11 +127,13 @@ def leave_out(config: training.RunConfig, protocol: Protocol, held_out: int
   return transform
 
 
-def personal_accuracy(run_dir: str, config: training.RunConfig,
+def personal_accuracy(run_dir: str, plan: training.Plan,
                       transform: Callable[..., Any]) -> float:
   """FedOA's paper protocol: the training clients' personal adapters of the
   run's last checkpoint, as they are, on the whole held-out domain
-  (``fedoa.make_evaluate_personal`` on ``rotated.pool_clients``).
+  (``fedoa.make_evaluate_personal`` on ``rotated.pool_clients``), the run
+  built from its ``plan`` (``training.build``, ``transform`` its
+  ``transform_data``).
 
   The result is kept in ``run_dir/personal.json`` with the configuration it
   scores, and reused for that configuration and round.
@@ -142,7 +141,7 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
   Raises:
     ValueError: the run has no readable checkpoint of its last round.
   """
-  config = training.validate(config)
+  config = plan.config
   path = os.path.join(run_dir, "personal.json")
   resolved = fields.to_dict(config)
   if os.path.exists(path):
@@ -151,28 +150,19 @@ def personal_accuracy(run_dir: str, config: training.RunConfig,
     if saved.get("round") == config.rounds and saved.get(
         "config") == resolved:
       return saved["accuracy"]
-  quiet = lambda line: None
-  plan = training.prepare(config)
-  fed = wiring.load_federated(plan)
-  fed, _ = transform(fed)
-  algo, params = wiring.build_algorithm(plan, fed, quiet)
-  like = algo.start(params, fed.train, jax.random.key(0),
-                    partial=rounds.partial(config.clients_per_round,
-                                           fed.train.num_clients))
+  experiment = training.build(plan, transform_data=transform)
   manager = checkpoints.RunCheckpoints(os.path.join(run_dir, "checkpoints"))
   try:
-    step, state, _ = manager.restore(like, quiet)
+    step, state, _ = experiment.restore(manager)
   finally:
     manager.close()
   if step != config.rounds:
     raise ValueError(f"{manager.directory} has no readable checkpoint of "
                      f"round {config.rounds} (newest readable: {step}) to "
                      "score FedOA's personal adapters")
-  pm_model = wiring.pm_model(config, fed.num_classes)
   evaluate = fedoa.make_evaluate_personal(
-      pm_model, algorithm_config(config),
-      strategy=plan.strategy)
-  accuracy = float(evaluate(state, rotated.pool_clients(fed.test))
+      experiment.model, plan.algorithm_config, strategy=plan.strategy)
+  accuracy = float(evaluate(state, rotated.pool_clients(experiment.data.test))
                    ["accuracy"])
   outputs.write_json_atomic(path, {"round": step, "accuracy": accuracy,
                                    "config": resolved})

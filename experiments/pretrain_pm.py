@@ -9,7 +9,7 @@ the run's own, with the same names and defaults (``--dataset``, ``--norm``,
 ``--conv_impl``, ``--data.data_dir``, ``--data.download``,
 ``--data.server_size``,
 ``--pm.model``, ``--pm.kwargs``, ``--pm.epochs``, ``--pm.dir``), and they
-are resolved as a run resolves them (``augfl_jax.training.presets``): the
+are resolved as a run resolves them (``augfl_jax.training.defaults``): the
 same model, norm, recipe (``--pm.epochs``, ``--pm.lr``, ``--pm.batch_size``,
 ``--pm.holdout_fraction``), server split and default directory
 ``runs/pm/<dataset>_<model>[-<kwargs>][-<norm>]_e<epochs>_srv<n>``. A run
@@ -37,7 +37,7 @@ from absl import logging
 from augfl_jax import data, models, training
 from augfl_jax.pm import pretrain, store as pm
 from augfl_jax.core.progress import counted
-from augfl_jax.training import presets, wiring
+from augfl_jax.training import defaults, pm_roles
 from experiments import cli as run_flags
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
@@ -63,7 +63,7 @@ def resolve_pm(config: training.RunConfig) -> training.RunConfig:
     raise ValueError(f"{config.dataset} has natural clients and no server "
                      "split to pretrain on; choose an image dataset such as "
                      "digits")
-  run = presets.resolve(config)
+  run = defaults.resolve(config)
   checks = [
       (run.pm.model in models.available_models(),
        f"unknown --pm.model {run.pm.model!r}; choose one of "
@@ -91,12 +91,12 @@ def pretrain_pm(config: training.RunConfig, log=print,
   (``pretrain.Stopped``, its checkpoint kept)."""
   run = resolve_pm(config)
   name, server_size, pm_dir = run.pm.model, run.data.server_size, run.pm.dir
-  recipe = wiring.pm_recipe(run)
+  recipe = pm_roles.pm_recipe(run)
   recipe.validate()
   if run.data.download:  # fetched on request only
     data.fetch(run.dataset, run.data.data_dir, form=run.data.download_as)
   data.locate(run.dataset, run.data.data_dir)  # fails before any work
-  kwargs = presets.model_kwargs(name, run.norm, run.pm.kwargs, run.conv_impl)
+  kwargs = defaults.model_kwargs(name, run.norm, run.pm.kwargs, run.conv_impl)
   dataset = data.load_dataset(run.dataset, data_dir=run.data.data_dir,
                               seed=run.seed)
   server_idx, _ = data.server_split(dataset.num_examples, server_size)
@@ -110,7 +110,7 @@ def pretrain_pm(config: training.RunConfig, log=print,
   _, metadata = pm.pretrain_and_save(
       pm_dir, model=model, model_name=name, dataset_name=run.dataset,
       server=server, server_size=server_size,
-      split_seed=presets.server_split_seed(run), config=recipe, log=log,
+      split_seed=defaults.server_split_seed(run), config=recipe, log=log,
       overwrite=True, should_stop=should_stop)
   return pm_dir, metadata
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import itertools
 import json
@@ -236,11 +237,12 @@ def _start_again(run_dir: str) -> str:
           "--output_dir")
 
 
-def finished_run(run_dir: str, config: training.RunConfig,
+def finished_run(run_dir: str, config: training.RunConfig | training.Plan,
                  log: Callable[[str], None] = print
                 ) -> dict[str, Any] | None:
-  """The summary of the run in ``run_dir`` if it is ``config``'s and has
-  done ``config.rounds`` rounds; ``None`` if it must run (absent,
+  """The summary of the run in ``run_dir`` if it is ``config``'s (or its
+  plan's: ``training.prepare``) and has done ``config.rounds`` rounds;
+  ``None`` if it must run (absent,
   interrupted, or fewer rounds: it continues). What the run is comes from
   its newest checkpoint's sealed metadata (its configuration, round and
   records), not from its files, which may have been edited, torn or
@@ -265,15 +267,17 @@ def finished_run(run_dir: str, config: training.RunConfig,
   if sealed is None:
     return None  # no checkpoint to tell what it is: the run decides
   step, meta = sealed
+  plan = config if isinstance(config, training.Plan) else training.prepare(
+      config)
+  config = plan.config
   try:
     saved = fields.from_dict(type(config), meta["config"])
   except (ValueError, TypeError, AttributeError) as e:
     raise ValueError(f"{run_dir} holds a run whose configuration does not "
                      f"read as a RunConfig ({e}); choose another "
                      "--output_dir or remove that run") from None
-  config = training.validate(config)
   diff = fields.diff(saved, config, training.resumable_fields(config) +
-                     training.config.unused_sections(config))
+                     plan.unused)
   if diff:
     raise ValueError(f"{run_dir} holds a run of another configuration "
                      f"({'; '.join(diff)}); choose another --output_dir or "
@@ -314,24 +318,52 @@ def _finished_rounds(run_dir: str) -> int | None:
     return None
 
 
-def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
-              out: str, names: list[str] | None = None,
-              transform: Callable[[training.RunConfig],
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One (cell, seed) run of a grid.
+
+  Attributes:
+    name: the cell's directory name.
+    cell: its dotted ``RunConfig`` field overrides.
+    seed: its seed.
+    plan: its plan (``training.prepare``): the one the run trains and the
+      finished run is checked against.
+  """
+
+  name: str
+  cell: Cell
+  seed: int
+  plan: training.Plan
+
+
+def plan_runs(base: training.RunConfig, cells: list[Cell], seeds: list[int],
+              names: list[str] | None = None) -> list[Run]:
+  """Every (cell, seed) run of ``cells`` (on ``base``) and ``seeds``, in
+  that order, each prepared once (``training.prepare``): what can be
+  refused is refused here, before any run. ``names``: the cells'
+  directory names (default ``cell_name(cell)``)."""
+  names = names or [cell_name(cell) for cell in cells]
+  return [Run(name, cell, seed, training.prepare(
+      fields.replace(base, seed=seed, **cell)))
+          for (name, cell), seed in itertools.product(zip(names, cells),
+                                                      seeds)]
+
+
+def run_cells(runs: list[Run], out: str,
+              transform: Callable[[training.Plan],
                                   Callable[..., Any] | None] | None = None,
               checkpoint_every: int = training.CHECKPOINT_EVERY,
               log: Callable[[str], None] = print,
               finished_only: bool = False) -> list[dict[str, Any]]:
-  """Runs every (cell, seed) under ``out/<name>/seed<seed>``.
+  """Runs every run of ``runs`` (:func:`plan_runs`) under
+  ``out/<name>/seed<seed>``.
 
   Args:
-    base: the configuration every cell starts from.
-    cells: dotted ``RunConfig`` field overrides, one dict per cell.
-    seeds: the seeds of every cell.
+    runs: the (cell, seed) runs, prepared.
     out: the root of the run directories.
-    names: the cells' directory names (default ``cell_name(cell)``).
-    transform: ``transform(config)`` gives the ``transform_data`` hook of
-      ``training.run`` for that run (e.g. ``experiments.ood``'s held-out
-      domain), or ``None``.
+    transform: ``transform(plan)`` gives the ``transform_data`` hook of
+      ``training.run`` for the run of ``plan`` (e.g. ``experiments.ood``'s
+      held-out domain), or ``None``.
     checkpoint_every: as ``training.run``'s.
     log: receives every run's progress lines, each prefixed with
       ``[k/n] <cell> seed <seed>:``, and after each run the sweep's time
@@ -351,25 +383,24 @@ def run_cells(base: training.RunConfig, cells: list[Cell], seeds: list[int],
     One row per run: ``cell``, ``seed``, the cell's fields (dotted names),
     ``final_accuracy``, ``best_accuracy``, ``run_dir``.
   """
-  names = names or [cell_name(cell) for cell in cells]
   # Reading finished runs needs no lock: a copy one may not write is read.
   with contextlib.nullcontext() if finished_only else exclusive(out):
-    return _run_cells(base, cells, seeds, out, names, transform,
-                      checkpoint_every, log, finished_only)
+    return _run_cells(runs, out, transform, checkpoint_every, log,
+                      finished_only)
 
 
-def _run_cells(base, cells, seeds, out, names, transform, checkpoint_every,
-               log, finished_only) -> list[dict[str, Any]]:
+def _run_cells(runs, out, transform, checkpoint_every, log,
+               finished_only) -> list[dict[str, Any]]:
   """:func:`run_cells`' body, while it holds ``out``'s lock."""
   rows, durations = [], []
-  jobs = list(itertools.product(zip(names, cells), seeds))
   start = time.perf_counter()
   with training.StopSignals() as stop:
-    for k, ((name, cell), seed) in enumerate(jobs, 1):
-      config = fields.replace(base, seed=seed, **cell)
+    for k, run in enumerate(runs, 1):
+      name, cell, seed, plan = run.name, run.cell, run.seed, run.plan
+      config = plan.config
       run_dir = os.path.join(out, name, f"seed{seed}")
-      prefix = f"[{k}/{len(jobs)}] {name} seed {seed}"
-      summary = finished_run(run_dir, config,
+      prefix = f"[{k}/{len(runs)}] {name} seed {seed}"
+      summary = finished_run(run_dir, plan,
                              log=lambda line, p=prefix: log(f"{p}: {line}"))
       if summary is not None:
         log(f"{prefix}: reusing {run_dir}")
@@ -389,20 +420,20 @@ def _run_cells(base, cells, seeds, out, names, transform, checkpoint_every,
         t0 = time.perf_counter()
         try:
           summary = training.run(
-              config, run_dir, log=lambda text, p=prefix: log("\n".join(
+              plan, run_dir, log=lambda text, p=prefix: log("\n".join(
                   f"{p}: {line}" for line in text.splitlines())),
               resume=resume, overwrite=not resume,
               checkpoint_every=checkpoint_every,
-              transform_data=transform(config) if transform else None)
+              transform_data=transform(plan) if transform else None)
         except checkpoints.CheckpointError as e:
           if e.way_out is None:  # not "none reads back"
             raise
           raise ValueError(f"{e.what}; {_start_again(run_dir)}") from None
         durations.append(time.perf_counter() - t0)
-        left = len(jobs) - k
+        left = len(runs) - k
         elapsed = progress.format_duration(time.perf_counter() - start)
         estimate = progress.format_duration(left * np.mean(durations))
-        log(f"{prefix}: done ({durations[-1]:.0f} s); {k}/{len(jobs)} runs "
+        log(f"{prefix}: done ({durations[-1]:.0f} s); {k}/{len(runs)} runs "
             f"in {elapsed}" + (
                 f", about {estimate} left for {left} more (at the mean of "
                 f"the {len(durations)} run(s) so far)" if left else ""))
@@ -413,7 +444,7 @@ def _run_cells(base, cells, seeds, out, names, transform, checkpoint_every,
                    "run_dir": run_dir})
       if stop.signum is not None:  # it came too late to stop that run
         raise training.RunInterrupted(
-            f"{signal.Signals(stop.signum).name} after run {k}/{len(jobs)} "
+            f"{signal.Signals(stop.signum).name} after run {k}/{len(runs)} "
             f"({name} seed {seed}, finished and saved in {run_dir})",
             stop.signum, summary["rounds"], None)
   return rows
@@ -455,9 +486,10 @@ def check_run_control() -> None:
 
 def table_key(configs: dict[str, training.RunConfig], seeds: list[int]
              ) -> dict[str, Any]:
-  """What a table is of: each cell's configuration (named by ``configs``'
-  keys: its own section and the shared fields; not the seed, not where the
-  data are or how the rounds run) and the seeds."""
+  """What a table is of: each cell's resolved configuration
+  (``training.resolve``; named by ``configs``' keys: its own section and
+  the shared fields; not the seed, not where the data are or how the
+  rounds run) and the seeds."""
   skip = {"seed"} | set(training.resumable_fields(
       next(iter(configs.values())))) - {"rounds"}
   cells = {}
@@ -668,13 +700,14 @@ def main(argv):
     base = run_flags.config_from_flags()
     cells = parse_grid(FLAGS.grid)
     seeds = parse_list(FLAGS.seeds, int, "seeds")
-    configs = {}
     for cell in cells:  # every cell's configuration, before any run
       try:
-        config = fields.replace(base, **cell)
+        fields.replace(base, **cell)
       except (ValueError, TypeError) as e:  # a section's own check
         raise ValueError(f"--grid cell {cell_name(cell)}: {e}") from None
-      configs[cell_name(cell)] = training.validate(config)
+    runs = plan_runs(base, cells, seeds)  # every run's, prepared once
+    configs = {cell_name(cell): training.resolve(fields.replace(base, **cell))
+               for cell in cells}
     reference = reference_cell(list(configs), FLAGS.reference)
     key = table_key(configs, seeds)
     out = FLAGS.output_dir or f"runs/sweep_{base.algorithm}"
@@ -683,8 +716,7 @@ def main(argv):
                   ("results.md", "results.csv"), "results.json", "cell",
                   "pass --output_dir=DIR to run the new sweep elsewhere, or "
                   "--replace_results to replace its table (its runs stay)")
-      rows = run_cells(base, cells, seeds, out,
-                       checkpoint_every=FLAGS.checkpoint_every)
+      rows = run_cells(runs, out, checkpoint_every=FLAGS.checkpoint_every)
       write_tables(rows, out, f"{base.algorithm} on {base.dataset}, "
                    f"{progress.counted(base.rounds, 'round')}", key,
                    reference)

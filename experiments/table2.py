@@ -365,25 +365,28 @@ def run_table(base: training.RunConfig, datasets: list[str],
     raise ValueError(f"unknown --methods {', '.join(unknown)}; choose from "
                      f"{', '.join(methods_known())}")
   cells = [method_cell(m) for m in methods]
-  configs = {dataset: {m: training.validate(fields.replace(
+  runs = {dataset: sweep.plan_runs(fields.replace(base, dataset=dataset),
+                                   cells, seeds, names=methods)
+          for dataset in datasets}  # every run's plan, before any run
+  configs = {dataset: {m: training.resolve(fields.replace(
       base, dataset=dataset, **cell)) for m, cell in zip(methods, cells)}
-             for dataset in datasets}  # every cell's flags, before any run
+             for dataset in datasets}  # what each table is of
   with contextlib.ExitStack() as held:
     # --finished_only reads the runs: their directory's lock is not taken
     # (a copy one may not write is tabulated too).
     for directory in ([] if finished_only else [out]) + [
         _results_dir(results_dir, configs[dataset]) for dataset in datasets]:
       held.enter_context(sweep.exclusive(directory))
-    return _run_table(base, datasets, methods, seeds, out, configs,
+    return _run_table(datasets, methods, seeds, out, runs, configs,
                       checkpoint_every, results_dir, replace_results, log,
                       finished_only)
 
 
-def _run_table(base, datasets, methods, seeds, out, configs,
+def _run_table(datasets, methods, seeds, out, runs, configs,
                checkpoint_every, results_dir, replace_results, log,
                finished_only) -> str:
   """:func:`run_table`'s body, while it holds its directories."""
-  cells, keys = [method_cell(m) for m in methods], {}
+  keys = {}
   for dataset in datasets:
     if "augfl" in methods and training.pm_role(
         configs[dataset]["augfl"]) == "none":
@@ -397,8 +400,7 @@ def _run_table(base, datasets, methods, seeds, out, configs,
   for dataset in datasets:
     directory = _results_dir(results_dir, configs[dataset])
     rows = sweep.run_cells(
-        fields.replace(base, dataset=dataset), cells, seeds,
-        os.path.join(out, os.path.basename(directory)), names=methods,
+        runs[dataset], os.path.join(out, os.path.basename(directory)),
         checkpoint_every=checkpoint_every, log=log,
         finished_only=finished_only)
     if not rows:

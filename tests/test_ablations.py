@@ -16,7 +16,7 @@ from augfl_jax.core import fields
 from augfl_jax import models, training
 from augfl_jax.pm import pretrain
 from augfl_jax.storage import checkpoint
-from augfl_jax.training import presets
+from augfl_jax.training import defaults
 from experiments import ablations, plot
 from tests import fake_pm
 
@@ -93,13 +93,13 @@ def test_pm_size_study_uses_one_pm_per_size(tmp_path, monkeypatch):
   sizes = [("mlp", '{"hidden": [8]}'), ("mlp", '{"hidden": [16]}'),
            ("mlp", None)]
   monkeypatch.setitem(ablations.PM_SIZES, "digits", sizes)
-  monkeypatch.setattr(presets, "PM_ROOT", str(tmp_path / "root"))
+  monkeypatch.setattr(defaults, "PM_ROOT", str(tmp_path / "root"))
   base = _base()
   dirs = []
   for name, kwargs in sizes:
     config = training.validate(fields.replace(
         base, **{"pm.model": name, "pm.kwargs": kwargs or ""}))
-    mlp = models.create_model(name, 10, **presets.model_kwargs(
+    mlp = models.create_model(name, 10, **defaults.model_kwargs(
         name, config.norm, kwargs or ""))
     fake_pm.save(config.pm.dir, mlp, name,
                  params=models.init_params(mlp, jax.random.key(0), (8, 8, 1)))

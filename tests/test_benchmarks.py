@@ -15,7 +15,7 @@ import types
 import jax
 import pytest
 
-from augfl_jax.training import presets
+from augfl_jax.training import defaults
 from benchmarks import cells
 from benchmarks import round_cost
 from benchmarks import run_defaults
@@ -235,8 +235,8 @@ def test_crd_cost_variants_take_the_students_convolutions_and_loop():
     crd_cost.parse_variants(["w:widths=4"])
   # Runs loop in Python on CPU only over XLA's convolutions.
   cpu = jax.default_backend() == "cpu"
-  assert presets.crd_loop("xla") == ("python" if cpu else "scan")
-  assert presets.crd_loop("patches") == "scan"
+  assert defaults.crd_loop("xla") == ("python" if cpu else "scan")
+  assert defaults.crd_loop("patches") == "scan"
 
 
 # ----------------------------------------------------------------------------

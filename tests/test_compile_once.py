@@ -11,10 +11,11 @@ Counted from jax's own records (``jax_log_compiles``, as optax's
   so a cache hit (``tests/conftest.py``'s ``compile_cache``, which this
   module does not use) does not hide it.
 
-The round is ``training.safety.guard_round``'s fused program: its Python
-function ``guarded`` (the algorithm's round and the non-finite guard) is
-traced once per structure of the arguments, and lowered as
-``hoisted_guarded`` (``core.jit.hoisted_jit``); the evaluation is the algorithm's jitted ``evaluate``,
+The round is ``training.rounds.compiled_round``'s fused program: its Python
+function ``finite_round`` (the algorithm's round in the non-finite guard,
+``training.guard.keep_finite``) is traced once per structure of the
+arguments, and lowered as ``hoisted_finite_round``
+(``core.jit.hoisted_jit``); the evaluation is the algorithm's jitted ``evaluate``,
 once for each set of clients it scores (the held-out clients and the
 test-split clients, which have other shapes).
 """
@@ -36,7 +37,7 @@ from augfl_jax import training
 
 _TRACED = re.compile(r"Finished tracing (\S+) for jit ")
 _LOWERED = re.compile(r"Compiling jit\(([^)]+)\) ")
-ROUND = ("guarded", "hoisted_guarded")  # (traced, lowered)
+ROUND = ("finite_round", "hoisted_finite_round")  # (traced, lowered)
 EVALUATE = ("evaluate", "evaluate")
 
 

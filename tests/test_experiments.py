@@ -11,7 +11,7 @@ import pytest
 
 from augfl_jax.core import client_axis as clients, fields
 from augfl_jax import models, training
-from augfl_jax.training import presets
+from augfl_jax.training import defaults
 from experiments import curves
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,12 +114,12 @@ def test_auto_strategy_and_conv_impl_resolve_to_the_backend_choice():
   with pytest.raises(ValueError, match="unknown strategy 'pmap'"):
     training.validate(training.RunConfig(strategy="pmap"))
   # The client model and the PM get the run's conv_impl (conv models only).
-  assert presets.model_kwargs("cnn", "batch", conv_impl="xla") == {
+  assert defaults.model_kwargs("cnn", "batch", conv_impl="xla") == {
       "norm": "batch", "conv_impl": "xla"}
-  assert presets.model_kwargs("resnet32x4", "batch", "", "patches")[
+  assert defaults.model_kwargs("resnet32x4", "batch", "", "patches")[
       "conv_impl"] == "patches"
-  assert "conv_impl" not in presets.model_kwargs("mlp", "batch")
-  assert presets.model_kwargs("logreg", "batch") == {}
+  assert "conv_impl" not in defaults.model_kwargs("mlp", "batch")
+  assert defaults.model_kwargs("logreg", "batch") == {}
 
 
 def _run_cli(*args):

@@ -285,6 +285,28 @@ def test_a_non_finite_evaluation_stops_the_run(tmp_path):
   assert not (tmp_path / "summary.json").exists()
 
 
+
+def test_a_resume_scores_again_the_round_an_evaluation_stopped(tmp_path):
+  """An adaptation step so large that the held-out clients' scores
+  overflow stops the run at its first evaluation; resumed with a smaller
+  one (``--resume_changes``), it scores that round again, "(restored)",
+  and trains on."""
+  config = _config(rounds=4, eval_every=2,
+                   **{"augfl.lam": 0.0, "eval.alpha": 1e30})
+  with pytest.raises(training.NonFiniteError, match="^round 2: non-finite "
+                     "evaluation of the held-out clients"):
+    training.run(config, str(tmp_path), log=QUIET, checkpoint_every=0)
+  lines = []
+  training.run(fields.replace(config, **{"eval.alpha": 0.03}),
+               str(tmp_path), log=lines.append, checkpoint_every=0,
+               resume=True, resume_changes=("eval.alpha",))
+  assert any(line.startswith("round    2/4  (restored)  accuracy ")
+             for line in lines), lines
+  records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  assert [r["round"] for r in records] == [2, 4]
+  # Round 2's training losses, kept by its checkpoint; no round trained.
+  assert records[0]["mean_train_loss"] > 0 and "train" not in records[0]
+
 _NAN_CLI = """
 import dataclasses, functools
 import jax.numpy as jnp

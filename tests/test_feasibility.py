@@ -14,7 +14,7 @@ import pytest
 
 from augfl_jax.core import fields
 from augfl_jax import training
-from augfl_jax.training import feasibility, wiring
+from augfl_jax.training import experiment, limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GB = 10 ** 9
@@ -53,7 +53,7 @@ def _config(args):
 @pytest.fixture
 def sixteen_gb(monkeypatch):
   """A machine of 16 GB (the checks compare with the machine's memory)."""
-  monkeypatch.setattr(feasibility, "machine_memory",
+  monkeypatch.setattr(limits, "machine_memory",
                       lambda: (16 * GB, "this machine's memory"))
 
 
@@ -62,7 +62,7 @@ def test_values_beyond_the_machine_or_the_model_fail_before_loading(
     args, message, monkeypatch, sixteen_gb):
   def refuse(*a, **k):
     raise AssertionError("the data were loaded")
-  monkeypatch.setattr(wiring, "load_federated", refuse)
+  monkeypatch.setattr(experiment, "load_federated", refuse)
   with pytest.raises(ValueError) as e:
     training.validate(_config(args))
   assert str(e.value).startswith(message), str(e.value)
@@ -83,7 +83,7 @@ def test_the_defaults_and_a_large_but_possible_run_pass(sixteen_gb):
 def test_memory_needs_leave_out_the_sections_the_run_does_not_read():
   config = training.validate(_config(["--algorithm=fedavg",
                                       "--crd.nce_k=100000000"]))
-  flags = " ".join(f for f, *_ in feasibility.memory_needs(
+  flags = " ".join(f for f, *_ in limits.memory_needs(
       config, training.unread_sections(config)))
   assert "--crd.nce_k" not in flags and "--fedavg.batch_size=10" in flags
   assert "--pm.batch_size" not in flags
@@ -94,11 +94,11 @@ def test_the_replayed_flags_are_one_line_and_exit_2_on_the_cli(tmp_path):
   """The cases on the command line, with the machine's own memory (a case
   whose need this machine could hold is left out): none of them loads
   anything or writes a file."""
-  available = feasibility.machine_memory()[0]
+  available = limits.machine_memory()[0]
   for args, message in CASES:
     if " needs " in message:
-      config = training.presets.resolve(_config(args))
-      need = next(size for flags, size, _ in feasibility.memory_needs(
+      config = training.defaults.resolve(_config(args))
+      need = next(size for flags, size, _ in limits.memory_needs(
           config, training.unread_sections(config))
                   if flags.startswith(args[-1]))
       if need <= available:

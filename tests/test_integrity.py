@@ -31,7 +31,7 @@ from augfl_jax import data, models, training
 from augfl_jax.core import fields
 from augfl_jax.pm import store as pm
 from augfl_jax.training import checkpoints as run_checkpoints
-from augfl_jax.training import outputs, wiring
+from augfl_jax.training import experiment, outputs, pm_roles
 from tests import fake_pm, run_files
 
 QUIET = lambda s: None  # noqa: E731
@@ -142,8 +142,8 @@ def test_a_checkpoint_saved_without_checksums_reads_back_unverified(
   lines = []
   config = _config(**{"augfl.lam": 1.0, "regularizer": "l2",
                       "pm.model": "mlp", "pm.dir": path})
-  fed = wiring.load_federated(training.prepare(config))
-  wiring.load_pm(training.validate(config), fed, lines.append)
+  fed = experiment.load_federated(training.prepare(config))
+  pm_roles.load_pm(training.validate(config), fed, lines.append)
   assert any("not verified" in l for l in lines)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from augfl_jax import algorithms, training
 from augfl_jax.core import fields
-from augfl_jax.training import checkpoints, wiring
+from augfl_jax.training import checkpoints
 from augfl_jax.training.config import algorithm_config
 
 
@@ -60,12 +60,10 @@ def _config(dataset, algorithm, pm_root, **changes):
 def _rounds(config, rounds):
   """The state after ``rounds`` rounds of the algorithm built from
   ``config``'s plan, on the run's data, from the run's initial state."""
-  plan = training.prepare(config)
-  fed = wiring.load_federated(plan)
-  algo, params = wiring.build_algorithm(plan, fed, log=lambda s: None)
-  state = algo.start(params, fed.train, plan.keys()[1])
+  built = training.build(training.prepare(config))
+  state, train = built.start(), built.data.train
   for _ in range(rounds):
-    state = algo.round(state, fed.train, None)[0]
+    state = built.algorithm.round(state, train, None)[0]
   return state
 
 

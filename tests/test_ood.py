@@ -20,7 +20,7 @@ from augfl_jax import data, models, training
 from augfl_jax.core import fields
 from augfl_jax.pm import pretrain
 from augfl_jax.data import rotated
-from augfl_jax.training import wiring
+from augfl_jax.training import experiment
 from experiments import ood, ood_domains
 from tests import fake_pm
 
@@ -46,9 +46,9 @@ def pm_dir(tmp_path_factory):
 
 
 def test_held_out_domain_clients_are_the_test_clients():
-  config = training.RunConfig(algorithm="fedavg", seed=3)
-  fed = wiring.load_federated(training.prepare(config))
-  new, summary = ood.leave_out(config, PROTOCOL, 1)(fed)
+  plan = training.prepare(training.RunConfig(algorithm="fedavg", seed=3))
+  new, summary = ood.leave_out(plan, PROTOCOL, 1)(
+      experiment.load_federated(plan))
   assert new.train.num_clients == 2 and new.test.num_clients == 1
   assert "held-out domain 45" in summary and "400 examples" in summary
   # The test client holds the 45-degree rotation of examples after the

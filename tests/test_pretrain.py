@@ -440,7 +440,7 @@ def test_running_statistics_follow_pytorch(digits):
 def test_the_eval_mode_pm_is_per_example(digits):
   """With running statistics, a PM's output for an example does not depend
   on the rest of its batch; with batch statistics it does."""
-  from augfl_jax.training import wiring  # pylint: disable=g-import-not-at-top
+  from augfl_jax.training import pm_roles  # pylint: disable=g-import-not-at-top
   model = models.create_model("cnn", 10, widths=(4, 8), dense=16)
   variables, _ = pt.pretrain(model, _server(digits, 100),
                              pt.PretrainConfig(model="cnn", epochs=1))
@@ -449,7 +449,7 @@ def test_the_eval_mode_pm_is_per_example(digits):
   for statistics, per_example in (("running", True), ("batch", False)):
     config = fields.replace(training.RunConfig(), norm="batch",
                             **{"pm.statistics": statistics})
-    apply, flag = wiring.pm_apply(config, model, variables)
+    apply, flag = pm_roles.pm_apply(config, model, variables)
     assert flag == per_example
     whole = np.asarray(apply(x, mask)[1][:4])
     part = np.asarray(apply(x[:4], mask[:4])[1])

@@ -5,6 +5,7 @@ import ast
 import dataclasses
 import inspect
 import os
+import re
 
 import jax
 import pytest
@@ -118,20 +119,72 @@ def test_the_package_init_names_no_algorithm():
   assert not strings & set(algorithms.REGISTRY)
 
 
+def _method_words() -> set[str]:
+  """The registry's names and the fields of the methods' configs that no
+  section of a run's own (``data``, ``pm``, ``eval``, ...) shares."""
+  run = training.RunConfig()
+  sections = {training.config.section_name(run, n) for n in algorithms.REGISTRY}
+  own = {name.rpartition(".")[2] for name, *_ in fields.walk(run)
+         if name.partition(".")[0] not in sections}
+  methods = {name.rpartition(".")[2] for spec in algorithms.REGISTRY.values()
+             for name, *_ in fields.walk(spec.config_class())}
+  return set(algorithms.REGISTRY) | methods - own
+
+
+def _exempt(tree: ast.Module, path: str) -> set[int]:
+  """The nodes of ``tree`` that may name a method: docstrings and, in
+  ``config.py``, the import of the methods' modules and ``RunConfig``'s
+  declarations of their sections (each by its config's type, with its
+  default and help)."""
+  nodes = [node.value for node in ast.walk(tree) if isinstance(node, ast.Expr)]
+  if path == "config.py":
+    sections = {training.config.section_name(training.RunConfig(), n)
+                for n in algorithms.REGISTRY}
+    nodes += [node for node in tree.body if isinstance(node, ast.ImportFrom)
+              and node.module == "augfl_jax.algorithms"]
+    run_config = next(node for node in tree.body if isinstance(
+        node, ast.ClassDef) and node.name == "RunConfig")
+    nodes += [node for node in run_config.body if isinstance(
+        node, ast.AnnAssign) and node.target.id in sections]
+  return {id(inner) for node in nodes for inner in ast.walk(node)}
+
+
+def _named(node: ast.AST, words: set[str]) -> str | None:
+  """What ``node`` names of ``words``: a word of a string (a help text, a
+  message, a ``getattr``), an attribute, a keyword, a name, or a module of
+  a method imported."""
+  if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    found = set(re.findall(r"[A-Za-z_]\w*", node.value)) & words
+    return node.value if found else None
+  name = (node.attr if isinstance(node, ast.Attribute) else
+          node.arg if isinstance(node, ast.keyword) else
+          node.id if isinstance(node, ast.Name) else None)
+  if name in words:
+    return name
+  if isinstance(node, ast.ImportFrom) and (
+      node.module or "").startswith("augfl_jax.algorithms."):
+    return node.module
+  return None
+
+
 def test_training_names_no_algorithm():
-  """``training/`` names no algorithm (docstrings aside) but the default
-  of ``--algorithm``: what it knows of one comes from its spec."""
+  """``training/`` names no algorithm and none of a method's own fields
+  (docstrings aside; in strings, attributes, keywords, names or imports)
+  but where ``RunConfig`` declares the methods' sections, and the default
+  of ``--algorithm``: what it knows of a method comes from its spec, and
+  its help texts that list the methods or datasets come from the
+  registries."""
   root = os.path.dirname(training.__file__)
-  named = []
+  words, named = _method_words(), []
+  assert {"lam", "dense_updates", "rho"} <= words
   for path in sorted(os.listdir(root)):
     if not path.endswith(".py"):
       continue
     tree = ast.parse(open(os.path.join(root, path)).read())
-    docstrings = {id(node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Expr)}
-    named += [(path, node.value) for node in ast.walk(tree)
-              if isinstance(node, ast.Constant) and id(node) not in docstrings
-              and node.value in algorithms.REGISTRY]
+    exempt = _exempt(tree, path)
+    named += [(path, found) for node in ast.walk(tree)
+              if id(node) not in exempt
+              and (found := _named(node, words)) is not None]
   assert named == [("config.py", training.RunConfig().algorithm)]
 
 

@@ -34,7 +34,7 @@ from augfl_jax.algorithms import fedavg
 from augfl_jax.algorithms.augfl import round as augfl
 from augfl_jax import data, models, training
 from augfl_jax.core import fields
-from augfl_jax.training import checkpoints, outputs, wiring
+from augfl_jax.training import checkpoints, experiment, outputs
 from tests import run_files, tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +77,7 @@ def _wait_for_round(proc, round_):
 def _no_data_loaded(monkeypatch):
   def refuse(*args, **kwargs):
     raise AssertionError("the data were loaded")
-  monkeypatch.setattr(wiring, "load_federated", refuse)
+  monkeypatch.setattr(experiment, "load_federated", refuse)
 
 
 # ----------------------------------------------------------------------------
@@ -296,7 +296,7 @@ def test_bad_participants_are_refused_where_a_run_draws_them(
     monkeypatch, tmp_path, participants, message):
   """The training path traces its round (the guard fuses it): the ids are
   checked as they are drawn, before the round runs."""
-  monkeypatch.setattr(training.loop, "sample_participants",
+  monkeypatch.setattr(training.experiment, "sample_participants",
                       lambda *args: np.asarray(participants))
   with pytest.raises(ValueError, match=message):
     training.run(_config(algorithm="fedavg", rounds=1), str(tmp_path),

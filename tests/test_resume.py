@@ -21,7 +21,7 @@ import pytest
 from augfl_jax import algorithms, models, training
 from augfl_jax.storage import checkpoint
 from augfl_jax.core import client_axis as clients, fields
-from augfl_jax.training import checkpoints, loop, rounds, wiring
+from augfl_jax.training import checkpoints, loop, rounds
 from tests import fake_pm, run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -335,11 +335,9 @@ def test_all_clients_per_round_is_full_participation(tmp_path, algorithm):
                      _state(tmp_path / "every", 2))
   # The explicit participant list of everyone takes the gather/scatter path
   # and must give the same round as participants=None.
-  plan = training.prepare(_config(algorithm=algorithm, **extra))
-  fed = wiring.load_federated(plan)
-  algo, params = wiring.build_algorithm(plan, fed, lambda s: None)
-  state = jax.device_put(algo.init(params, fed.train.num_clients,
-                                   jax.random.key(0)), jax.devices()[0])
+  built = training.build(training.prepare(_config(algorithm=algorithm,
+                                                  **extra)))
+  algo, fed, state = built.algorithm, built.data, built.start()
   a, _ = algo.round(state, fed.train, None)
   b, _ = algo.round(state, fed.train, np.arange(fed.train.num_clients))
   for x, y in zip(_leaves(a), _leaves(b)):
@@ -362,14 +360,12 @@ def test_partial_participation_touches_only_participants(pm_dir, algorithm):
   extra = PARTIAL[algorithm]
   if "pm.model" in extra:
     extra = {**extra, "pm.dir": pm_dir}
-  plan = training.prepare(_config(algorithm=algorithm,
-                                  clients_per_round=5, **extra))
-  fed = wiring.load_federated(plan)
-  algo, params = wiring.build_algorithm(plan, fed, lambda s: None)
+  built = training.build(training.prepare(_config(
+      algorithm=algorithm, clients_per_round=5, **extra)))
+  algo, fed, state = built.algorithm, built.data, built.start()
   n = fed.train.num_clients
-  state = jax.device_put(algo.init(params, n, jax.random.key(1)),
-                         jax.devices()[0])
-  ids = loop.sample_participants(plan.config.seed, 1, n, 5)
+  ids = built.participants(1)
+  assert len(ids) == 5
   new, metrics = algo.round(state, fed.train, ids)
   assert np.isfinite(float(metrics["loss"]))
   if "client_loss" in metrics:

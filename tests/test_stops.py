@@ -193,12 +193,12 @@ def test_a_second_ctrl_c_ends_the_command_inside_a_long_xla_call(tmp_path):
 def test_a_non_finite_stop_names_a_handful_of_clients_and_leaves():
   """32 clients and 6 leaves non-finite: three of each by name, then how
   many others, and each non-finite value once."""
-  from augfl_jax.training import safety  # pylint: disable=g-import-not-at-top
+  from augfl_jax.training import guard  # pylint: disable=g-import-not-at-top
   bad = np.ones(32, bool)
   state_flags = {f"layer{i}": {"kernel": bad} for i in range(6)}
   loss = np.full(32, np.nan)
   loss[7] = np.inf
-  sentence = safety.describe(
+  sentence = guard.describe(
       (state_flags, {"client_loss": bad, "loss": np.array(True)}), None,
       {"client_loss": loss, "loss": np.nan})
   assert sentence == (
@@ -206,7 +206,7 @@ def test_a_non_finite_stop_names_a_handful_of_clients_and_leaves():
       "loss = nan; parameters/state ['layer0']['kernel'], "
       "['layer1']['kernel'], ['layer2']['kernel'] and 3 others (rows of "
       "training clients 0, 1, 2 and 29 others)")
-  one = safety.describe(({"w": bad[:4] & (np.arange(4) == 2)},
+  one = guard.describe(({"w": bad[:4] & (np.arange(4) == 2)},
                          {"client_loss": np.arange(4) == 2}),
                         np.array([5, 9, 11, 20]),
                         {"client_loss": np.array([0.1, 0.2, np.nan, 0.3])})

@@ -58,8 +58,8 @@ def test_finished_runs_are_reused_continued_or_refused(tmp_path):
                           **{"augfl.lam": 0.0})
   run_dir = str(tmp_path / "cell" / "seed0")
   assert sweep.finished_run(run_dir, config) is None  # nothing there
-  rows = sweep.run_cells(config, [{"augfl.rho": 0.2}], [0],
-                         str(tmp_path), names=["cell"])
+  rows = sweep.run_cells(sweep.plan_runs(config, [{"augfl.rho": 0.2}], [0],
+                                         names=["cell"]), str(tmp_path))
   assert rows[0]["augfl.rho"] == 0.2 and rows[0]["run_dir"] == run_dir
   cell = fields.replace(config, **{"augfl.rho": 0.2})
   assert sweep.finished_run(run_dir, cell)["final_accuracy"] == (
@@ -255,17 +255,18 @@ def test_a_block_takes_over_the_pending_signal_of_the_one_around_it():
 def test_a_signal_in_the_last_round_of_a_run_stops_the_sweep_after_it(
     tmp_path, monkeypatch):
   started = []
-  def run_whose_last_round_gets_a_signal(config, run_dir, **kwargs):
+  def run_whose_last_round_gets_a_signal(plan, run_dir, **kwargs):
     del kwargs
     started.append(run_dir)
     with training.StopSignals() as stop:  # as training.run's
       _raise_sigint_and_wait(stop)
     return {"final_accuracy": 0.5, "best_accuracy": 0.5, "seconds": 1.0,
-            "rounds": config.rounds}
+            "rounds": plan.config.rounds}
   monkeypatch.setattr(training, "run", run_whose_last_round_gets_a_signal)
   cells = sweep.parse_grid("augfl.rho=0.7,0.2")
   with pytest.raises(training.RunInterrupted, match="SIGINT after run 1/2 "):
-    sweep.run_cells(training.RunConfig(rounds=2), cells, [0], str(tmp_path))
+    sweep.run_cells(sweep.plan_runs(training.RunConfig(rounds=2), cells,
+                                    [0]), str(tmp_path))
   assert len(started) == 1
 
 

@@ -24,13 +24,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
+def _counted_prepare(monkeypatch) -> list[training.RunConfig]:
+  """The configurations ``training.prepare`` is given from now on, where
+  any module calls it."""
+  calls, prepare = [], training.prepare
+  def counted(config):
+    calls.append(config)
+    return prepare(config)
+  for module in list(sys.modules.values()):
+    if getattr(module, "prepare", None) is prepare:
+      monkeypatch.setattr(module, "prepare", counted)
+  return calls
+
+
 def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
                                                           monkeypatch):
   out, results = str(tmp_path / "table2"), str(tmp_path / "results")
   base = training.RunConfig(rounds=2)
   args = (base, ["digits"], ["fedavg", "augfl_wo_pm"], [0], out)
-  lines = []
+  lines, prepared = [], _counted_prepare(monkeypatch)
   text = table2.run_table(*args, results_dir=results, log=lines.append)
+  # Each run's plan is prepared once, and travels to its run and checks.
+  assert [c.algorithm for c in prepared] == ["fedavg", "augfl"]
   assert open(os.path.join(results, "digits", "table2.md")).read() == text
   assert any(line.startswith("[2/2] augfl_wo_pm seed 0: round    2/2")
              for line in lines)  # each cell shows its progress
@@ -75,6 +90,7 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   monkeypatch.setattr(training, "run", fail)
   assert table2.run_table(*args, results_dir=results,
                           log=lambda s: None) == text
+  assert len(prepared) == 4  # the finished runs, checked against theirs
   # --finished_only runs nothing: seed 1 is named as missing, not run.
   lines = []
   partial = table2.run_table(*args[:3], [0, 1], out, results_dir=str(
@@ -100,8 +116,8 @@ def test_augfl_with_pm_takes_lam_from_the_flags(tmp_path, monkeypatch):
   file's 1.0); lam 0 is AugFL w/o PM and is refused before any run."""
   seen = []
 
-  def run(config, run_dir, **k):
-    seen.append(config.augfl.lam)
+  def run(plan, run_dir, **k):
+    seen.append(plan.config.augfl.lam)
     raise RuntimeError("stop after the first cell's config")
   monkeypatch.setattr(training, "run", run)
   table = lambda lam: table2.run_table(

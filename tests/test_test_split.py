@@ -10,7 +10,7 @@ import pytest
 from augfl_jax import data, models, training
 from augfl_jax.core import evaluation, fields
 from augfl_jax.data import idx, official_test_split as test_split
-from augfl_jax.training import wiring
+from augfl_jax.training import experiment
 from tests import test_data
 
 
@@ -78,7 +78,7 @@ def test_the_same_clients_for_every_method_of_a_seed():
         training.RunConfig(seed=seed, **{k: v for k, v in changes.items()
                                          if "." not in k}),
         **{k: v for k, v in changes.items() if "." in k}))
-    return wiring.load_federated(plan).test_split.clients
+    return experiment.load_federated(plan).test_split.clients
 
   base = test_clients(0)
   for changes in ({"algorithm": "fedavg"}, {"augfl.lam": 0.0},
@@ -165,7 +165,7 @@ def test_a_missing_test_split_is_said_once_or_stops_the_run(tmp_path):
       dataset="fashion_mnist", algorithm="fedavg",
       data=training.DataConfig(data_dir=root, num_clients=10, M=10,
                                server_size=100))
-  fed = wiring.load_federated(training.prepare(config))
+  fed = experiment.load_federated(training.prepare(config))
   description = fed.describe()
   assert fed.test_split is None
   off = [line for line in description.splitlines() if "test-split" in line]

@@ -20,7 +20,7 @@ PM roles (``PM_ROLES``), how an algorithm uses the server's pretrained model:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -111,6 +111,18 @@ class AlgorithmSpec:
     eval_alpha: ``eval_alpha(config) -> float``, the step of the held-out
       clients' fast adaptation for a method that trains for it with an
       inner step of its own (AugFL's alpha); None: the paper's alpha.
+    head: PM role ``"encoder"`` (required there): ``(model name, keyword
+      arguments)`` of the model every client trains on the frozen
+      encoder's features (``models.create_model(name, num_classes,
+      **kwargs)``; FedPCL's projector, an mlp with one hidden layer of
+      256).
+    pm_weight: ``pm_weight(config) -> (field name, value)``, the field that
+      weighs the PM's part (AugFL's ``lam``), for a runner's log; None:
+      none.
+    describe_start: ``describe_start(config, loss_fn, params, clients) ->
+      str | None``, a line for a runner's log on how the method starts on
+      these training clients (AugFL: the dense updates ``auto`` chose);
+      None: nothing to say.
   """
 
   name: str
@@ -120,11 +132,21 @@ class AlgorithmSpec:
   label: str | Callable[[Any], str]
   uses_pm: Callable[[Any, str], bool] | None = None
   eval_alpha: Callable[[Any], float] | None = None
+  head: tuple[str, Mapping[str, Any]] | None = None
+  pm_weight: Callable[[Any], tuple[str, float]] | None = None
+  describe_start: (Callable[[Any, Callable[..., Any], Params, ClientData],
+                            str | None] | None) = None
 
   def __post_init__(self):
     if self.pm_role not in PM_ROLES:
       raise ValueError(f"{self.name}: pm_role must be one of {PM_ROLES}, "
                        f"got {self.pm_role!r}")
+    if (self.head is None) == (self.pm_role == "encoder"):
+      raise ValueError(
+          f"{self.name}: " + ("an encoder method names the model its clients"
+                              " train on the encoder's features: head=(model"
+                              " name, kwargs)" if self.head is None else
+                              "head is the encoder role's alone"))
     if not (callable(self.label) or (isinstance(self.label, str) and
                                      self.label)):
       raise ValueError(f"{self.name}: label must be a name or a function of "

@@ -8,28 +8,36 @@ calls; a Python user calls it the same way::
   summary = training.run(config, "runs/my_run")
 
 A run goes flags -> :class:`RunConfig` -> :func:`prepare` (the
-:class:`Plan`: resolved, checked and located once) -> one data pipeline
--> the algorithm's ``build`` -> :class:`rounds.RoundLoop` -> the summary.
+:class:`Plan`: resolved, checked and located once) -> :func:`build` (the
+:class:`Experiment`: its data, its algorithm, its initial parameters, its
+start, restore and evaluations) -> :class:`rounds.RoundLoop` -> the
+summary. The plan travels the whole way: nothing after :func:`prepare`
+resolves, checks or searches again, and nothing builds a run but
+:func:`build`.
 
 Public: :mod:`.config` (``RunConfig`` and its sections; a user's method
 gets its section from ``config.config_class()``), :mod:`.plan`
-(``prepare``, ``validate``), :mod:`.presets` (``resolve``: the dataset's
-and the paper's defaults), :mod:`.loop` (``run``), :mod:`.safety` (the
-non-finite guard) and :class:`StopSignals` (``augfl_jax.processes.signals``:
-wrap a loop over runs in one to see a signal that came in a run's last
-round). A run across processes is ``augfl_jax.processes``
+(``prepare``, ``validate``), :mod:`.defaults` (``resolve``: the dataset's
+and the paper's defaults), :mod:`.experiment` (``build``: a run from its
+plan, for one's own loop, a benchmark or a test), :mod:`.loop` (``run``),
+:mod:`.guard` (``keep_finite``: an algorithm whose round keeps its last
+finite state), :mod:`.stops` (the exceptions a run stops with) and
+:class:`StopSignals` (``augfl_jax.processes.signals``: wrap a loop over
+runs in one to see a signal that came in a run's last round). A run
+across processes is ``augfl_jax.processes``
 (``processes.group.initialize`` before ``run``). Internal:
-:mod:`.wiring` (data, models, the PM by its role, the algorithm),
-:mod:`.rounds` (the round loop), :mod:`.scoring` (records, intervals, the
-summary),
-:mod:`.resume` (where a run starts, and its checks), :mod:`.feasibility`
+:mod:`.pm_roles` (the PM by its role), :mod:`.rounds` (the round loop),
+:mod:`.scoring` (the evaluations, records, intervals, the summary),
+:mod:`.resume` (where a run starts, and its checks), :mod:`.limits`
 (sizes against the machine), :mod:`.outputs`, :mod:`.checkpoints` and
 :mod:`.events` (the run's files).
 """
 
 from augfl_jax.processes.signals import StopSignals
-from augfl_jax.training import (checkpoints, config, events, loop, outputs,
-                                plan, presets, resume, rounds, safety, wiring)
+from augfl_jax.training import (checkpoints, config, defaults, events,
+                                experiment, guard, limits, loop, outputs,
+                                plan, pm_roles, resume, rounds, scoring,
+                                stops)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
                                        RunConfig, pm_role, resumable_fields,
                                        resume_changes, unread_sections)
@@ -37,13 +45,15 @@ from augfl_jax.training.loop import (CHECKPOINT_EVERY, NonFiniteError,
                                      RunInterrupted, run)
 from augfl_jax.training.outputs import OutputDirError
 from augfl_jax.training.plan import Plan, prepare, validate
-from augfl_jax.training.presets import resolve
+from augfl_jax.training.defaults import resolve
+from augfl_jax.training.experiment import Experiment, build
 from augfl_jax.core.progress import Progress
 
 __all__ = [
-    "CHECKPOINT_EVERY", "DataConfig", "EvalConfig", "NonFiniteError",
-    "OutputDirError", "PMConfig", "Plan", "Progress", "RunConfig",
-    "RunInterrupted", "StopSignals", "config", "pm_role", "prepare",
+    "CHECKPOINT_EVERY", "DataConfig", "EvalConfig", "Experiment",
+    "NonFiniteError", "OutputDirError", "PMConfig", "Plan", "Progress",
+    "RunConfig", "RunInterrupted", "StopSignals", "build", "config",
+    "pm_role", "prepare",
     "resolve", "resumable_fields", "resume_changes", "run",
     "unread_sections", "validate",
 ]

@@ -16,7 +16,7 @@ the ``RunConfig`` that commands build their flags from.
 
 A field left ``None`` (or ``"auto"``) takes the dataset's preset, then the
 paper's value (§VI-A), then the backend's measured choice:
-:func:`augfl_jax.training.presets.resolve` fills them in, and ``config.json``
+:func:`augfl_jax.training.defaults.resolve` fills them in, and ``config.json``
 records the resolved configuration, with the sections its run read
 (:data:`READ_SECTIONS`: :func:`to_config_json`, :func:`from_config_json`).
 Flags, sweeps and ``config.json`` name a field by its dotted path
@@ -30,7 +30,7 @@ import functools
 import typing
 from typing import Any
 
-from augfl_jax import algorithms, models
+from augfl_jax import algorithms, data, models
 from augfl_jax.algorithms import (augfl, fedavg, fedbc, fedcp, fedit, fedoa,
                                   fedopt, fedpcl, fedproto, per_fedavg)
 from augfl_jax.core import client_axis, fields
@@ -39,12 +39,35 @@ from augfl_jax.transfer import crd
 
 __all__ = [
     "algorithm_config", "AUTO", "config_class", "DataConfig", "EvalConfig",
-    "fields_to_lower", "from_config_json", "pm_role", "PMConfig",
-    "READ_SECTIONS", "resumable_fields", "resume_changes", "RunConfig",
-    "section_name", "to_config_json", "unread_sections", "unused_sections"
+    "from_config_json", "pm_role", "PMConfig", "READ_SECTIONS",
+    "resumable_fields", "resume_changes", "RunConfig", "section_name",
+    "to_config_json", "unread_sections", "unused_sections"
 ]
 
 AUTO = "auto"  # strategy, conv_impl: the backend's measured choice
+
+
+def _algorithm_help() -> str:
+  """``--algorithm``'s help: the registered methods, in the registry's
+  order."""
+  return ("the method (augfl_jax.algorithms.REGISTRY): "
+          + ", ".join(algorithms.REGISTRY))
+
+
+def _dataset_help() -> str:
+  """``--dataset``'s help: the catalog's datasets (``data.DATASETS``),
+  grouped by what they are read from, and their other names."""
+  groups: dict[str, list[str]] = {}
+  for spec in data.DATASETS.values():
+    forms = (["embedded: no files"] if spec.embedded else
+             ["IDX files"] * bool(spec.idx_files) +
+             ["CIFAR binary files"] * bool(spec.cifar_files) +
+             ["a tfds prepared copy"] * bool(spec.tfds_name))
+    groups.setdefault(" or ".join(forms), []).append(spec.name)
+  return "; ".join([f"{', '.join(names)} ({form})"
+                    for form, names in groups.items()] +
+                   [f"{alias} = {name}"
+                    for alias, name in data.ALIASES.items()])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +127,8 @@ class PMConfig(fields.Config):
 
   model: str | None = field(
       None, "PM architecture (default resnet32x4; digits cnn; synthetic "
-      "mlp; fedlp: the client model)")
+      "mlp; the client model for a method whose PM starts or encodes the "
+      "clients, PM role initialization or encoder)")
   epochs: int | None = field(
       None, "pretraining epochs when no matching PM is saved (default 240, "
       "the reference's; digits 30)", ge=1)
@@ -176,15 +200,8 @@ class RunConfig(fields.Config):
     config = fields.replace(config, **{"augfl.lam": 0.0})   # AugFL w/o PM
   """
 
-  algorithm: str = field("augfl", "the method (augfl_jax.algorithms."
-                         "REGISTRY): augfl, kt_only, fedavg, fedavgm, "
-                         "fedadam, fedyogi, per_fedavg, fedbc, per_fedbc, "
-                         "fedlp, fedproto, fedpcl, fedcp, fedit, fedoa")
-  dataset: str = field(
-      "digits", "digits, synthetic (embedded: no files); fashion_mnist, "
-      "mnist, kmnist, emnist (= emnist/letters, the paper's EMNIST, 26 "
-      "classes), emnist/balanced|digits|byclass|bymerge (IDX files or a "
-      "tfds prepared copy); cifar10, cifar100 (a tfds prepared copy)")
+  algorithm: str = field("augfl", _algorithm_help())
+  dataset: str = field("digits", _dataset_help())
   model: str | None = field(
       None, "client model: mlp, cnn, logreg, resnet8x4, ... (default: the "
       "dataset's: digits mlp, synthetic logreg, 28x28 images cnn, CIFAR "
@@ -368,15 +385,6 @@ def resume_changes(config: RunConfig) -> tuple[str, ...]:
   saved, which is why they must be named; the change is recorded in
   ``changes.jsonl`` and the log."""
   return fields.select(config, resume="named")
-
-
-def fields_to_lower(config: RunConfig) -> tuple[str, ...]:
-  """What a non-finite round advises to lower: the :func:`resume_changes`
-  of ``config.algorithm``'s section, but those at 0 (a weight switched
-  off)."""
-  head = section_name(config) + "."
-  return tuple(n for n in resume_changes(config) if n.startswith(head)
-               and fields.get(config, n) != 0)
 
 
 # config.json's list of the sections of the configuration that its run read

@@ -49,31 +49,33 @@ from augfl_jax import data, processes
 from augfl_jax.core import fields, tree
 from augfl_jax.core.progress import counted
 from augfl_jax.pm import pretrain
-from augfl_jax.storage import checkpoint
-from augfl_jax.training import resume as resuming
 from augfl_jax.processes import group
 from augfl_jax.processes.signals import StopSignals
-from augfl_jax.training import rounds, scoring, wiring
+from augfl_jax.storage import checkpoint
+from augfl_jax.training import experiment
+from augfl_jax.training import resume as resuming
 from augfl_jax.training.checkpoints import RunCheckpoints
-from augfl_jax.training.config import RunConfig, unused_sections
+from augfl_jax.training.config import RunConfig
+from augfl_jax.training.experiment import (Experiment, TransformData,
+                                           sample_participants)
 from augfl_jax.training.outputs import OutputDir, PeerOutputDir
 from augfl_jax.training.plan import Plan, prepare
-from augfl_jax.training.rounds import sample_participants
-from augfl_jax.training.safety import NonFiniteError, RunInterrupted
+from augfl_jax.training.rounds import LoopConfig, RoundLoop
+from augfl_jax.training.stops import NonFiniteError, RunInterrupted
 
 __all__ = ["run", "CHECKPOINT_EVERY", "NonFiniteError", "RunInterrupted",
            "sample_participants", "shows_live_line"]
 
 CHECKPOINT_EVERY = 50
+Log = Callable[[str], None]
 
 
 def run(config: RunConfig | Plan, output_dir: str,
         log: Callable[[str], None] = print, *,
         checkpoint_every: int = CHECKPOINT_EVERY, resume: bool = False,
         overwrite: bool = False, resume_changes: Sequence[str] = (),
-        transform_data: Callable[[data.FederatedData], data.FederatedData
-                                 | tuple[data.FederatedData, str]]
-        | None = None, live: bool | None = None) -> dict[str, Any]:
+        transform_data: TransformData | None = None,
+        live: bool | None = None) -> dict[str, Any]:
   """Trains ``config.algorithm`` and scores it on the held-out clients.
 
   Args:
@@ -117,58 +119,79 @@ def run(config: RunConfig | Plan, output_dir: str,
     RunInterrupted: SIGINT/SIGTERM.
   """
   plan = config if isinstance(config, Plan) else prepare(config)
-  config = plan.config
-  resume_changes = tuple(resume_changes)
+  control = resuming.RunControl(checkpoint_every, resume, overwrite,
+                                tuple(resume_changes))
   loaded = None
   if processes.count() > 1:  # before anything is read or written
-    _agree_on_flags(plan, output_dir, checkpoint_every, resume, overwrite,
-                    resume_changes)
-  resuming.check_run_control(config, checkpoint_every, resume, overwrite,
-                     resume_changes)
+    _agree_on_flags(plan, output_dir, control)
+  resuming.check_run_control(plan, control)
   if processes.count() > 1:  # process 0 writes; all run the client axis
-    if _pretrains_pm(plan):
-      # Saving a checkpoint is a collective of every process (orbax): one
-      # process cannot save the PM while the others wait for it.
-      raise ValueError(
-          f"a run across processes does not pretrain its PM, and "
-          f"{config.pm.dir} holds none: pretrain it first, in one process, "
-          "with python -m experiments.pretrain_pm and the run's flags (or "
-          "run the run once in one process)")
-    plan = dataclasses.replace(
-        plan, strategy=processes.run_strategy(plan.strategy))
-    if not processes.is_writer():
-      log, live = (lambda line: None), False
-    log(f"client axis: {processes.describe(plan.strategy)}")
-    loaded = _load(plan, transform_data)  # agreed before the directory
-    _agree_on_data(plan, loaded[0])       # is touched
-  live = shows_live_line(log, live)
+    plan, log, live, loaded = _across_processes(plan, log, live,
+                                                transform_data)
   out = (OutputDir if processes.is_writer() else PeerOutputDir)(output_dir)
   created = not os.path.exists(output_dir)
   out.check_writable()
+  loop_config = LoopConfig.of(plan, checkpoint_every,
+                              shows_live_line(log, live))
   with out.lock(remove_if_unused=created), StopSignals() as stop:
     processes.sync("the run directory is locked")
-    return _run_locked(plan, out, log, checkpoint_every, resume,
-                       overwrite, resume_changes, transform_data, stop,
-                       loaded, live)
+    checkpoints = RunCheckpoints(out.file("checkpoints"))
+    run_dir = resuming.RunDir(out, checkpoints)
+    try:
+      checkpoints.remove_unfinished_saves()  # this run holds the lock
+      summary = _LockedRun(plan, run_dir, control, loop_config, log,
+                           stop).train(lambda: loaded or experiment.load(
+                               plan, transform_data))
+    except BaseException:
+      # A save in flight completes even when an exception stops the run;
+      # its own failure, if any, is not reported over the one propagating.
+      checkpoints.close(quiet=True)
+      raise
+    checkpoints.close()
+    return summary
 
 
-def _agree_on_flags(plan: Plan, output_dir: str, checkpoint_every: int,
-                    resume: bool, overwrite: bool,
-                    resume_changes: tuple[str, ...]) -> None:
+def _across_processes(plan: Plan, log: Log, live: bool | None,
+                      transform_data: TransformData | None):
+  """``(plan, log, live, loaded)`` of a run across processes, before its
+  directory is touched: its PM pretrained already, its client axis over
+  every process's devices, the log of process 0 alone, and its data
+  loaded (``transform_data`` applied) and agreed on."""
+  if _pretrains_pm(plan):
+    # Saving a checkpoint is a collective of every process (orbax): one
+    # process cannot save the PM while the others wait for it.
+    raise ValueError(
+        f"a run across processes does not pretrain its PM, and "
+        f"{plan.config.pm.dir} holds none: pretrain it first, in one "
+        "process, with python -m experiments.pretrain_pm and the run's "
+        "flags (or run the run once in one process)")
+  plan = dataclasses.replace(
+      plan, strategy=processes.run_strategy(plan.strategy))
+  if not processes.is_writer():
+    log, live = (lambda line: None), False
+  log(f"client axis: {processes.describe(plan.strategy)}")
+  loaded = experiment.load(plan, transform_data)  # agreed before the
+  _agree_on_data(plan, loaded.data)              # directory is touched
+  return plan, log, live, loaded
+
+
+def _agree_on_flags(plan: Plan, output_dir: str,
+                    control: resuming.RunControl) -> None:
   """Across processes: every process runs the same configuration (but
   ``data.data_dir``, where its host keeps the files, which
   :func:`_agree_on_data` checks by their contents; and the sections the
   run does not read), with the same run control, into the same directory;
   otherwise a ``ValueError`` naming the flags that differ, in every
   process."""
-  ignored = unused_sections(plan.config) + ("data.data_dir",)
+  ignored = plan.unused + ("data.data_dir",)
   record = {f"--{name}": str(value)
             for name, _, _, value in fields.walk(plan.config)
             if not any(name == i or name.startswith(i + ".")
                        for i in ignored)}
-  record.update({"--checkpoint_every": str(checkpoint_every),
-                 "--resume": str(resume), "--overwrite": str(overwrite),
-                 "--resume_changes": ",".join(resume_changes),
+  record.update({"--checkpoint_every": str(control.checkpoint_every),
+                 "--resume": str(control.resume),
+                 "--overwrite": str(control.overwrite),
+                 "--resume_changes": ",".join(control.resume_changes),
                  "--output_dir": os.path.abspath(output_dir)})
   differ = group.agree_on("flags", record)
   if differ:
@@ -198,18 +221,6 @@ def _agree_on_data(plan: Plan, fed: data.FederatedData) -> None:
         "flags; nothing was written")
 
 
-def _load(plan: Plan, transform_data) -> tuple[data.FederatedData, str]:
-  """The run's federated data (``transform_data`` applied) and its
-  description, ``partition.txt``."""
-  fed = wiring.load_federated(plan)
-  description = fed.describe()
-  if transform_data is not None:
-    fed = transform_data(fed)
-    if isinstance(fed, tuple):
-      fed, description = fed
-  return fed, description
-
-
 def shows_live_line(log: Callable[[str], None], live: bool | None) -> bool:
   """``live``, or for ``None`` whether ``log`` is ``print`` and standard
   output is a terminal (not a log file, a pipe or a notebook)."""
@@ -225,89 +236,95 @@ def _pretrains_pm(plan: Plan) -> bool:
   return plan.pm_role != "none" and not checkpoint.exists(plan.config.pm.dir)
 
 
-def _run_locked(plan, out, log, checkpoint_every, resume, overwrite,
-                resume_changes, transform_data, stop, loaded, live
-               ) -> dict[str, Any]:
-  checkpoints = RunCheckpoints(out.file("checkpoints"))
-  try:
-    checkpoints.remove_unfinished_saves()  # this run holds the lock
-    summary = _train(plan, out, checkpoints, log, checkpoint_every,
-                     resume, overwrite, resume_changes, transform_data, stop,
-                     loaded, live)
-  except BaseException:
-    # A save in flight completes even when an exception stops the run; its
-    # own failure, if any, is not reported over the one propagating.
-    checkpoints.close(quiet=True)
-    raise
-  checkpoints.close()
-  return summary
+class _LockedRun:
+  """One run, its directory locked: where it starts, its data checked
+  against the checkpoint it resumes, the run built (``training.build``),
+  its state, and the rounds (``rounds.RoundLoop``)."""
 
+  def __init__(self, plan: Plan, run_dir: resuming.RunDir,
+               control: resuming.RunControl, loop_config: LoopConfig,
+               log: Log, stop: StopSignals):
+    self.plan, self.run_dir, self.control = plan, run_dir, control
+    self.loop_config, self.log, self.stop = loop_config, log, stop
 
-def _train(plan, out, checkpoints, log, checkpoint_every, resume,
-           overwrite, resume_changes, transform_data, stop, loaded, live
-          ) -> dict[str, Any]:
-  config = plan.config
-  resumed_from = resuming.find_start(config, out, checkpoints, resume,
-                                     overwrite, resume_changes, log)
-  start_round = resumed_from or 0  # a resume may start at round 0
-  if resumed_from is not None and start_round == config.rounds:
-    # A finished run: its files are written again from the checkpoint
-    # where they are not what it sealed (torn, or another run's).
-    differ = resuming.differing_files(out, checkpoints.read_meta(start_round))
-    if not differ:
-      log(f"the run in {out.path} has done its "
-          f"{counted(config.rounds, 'round')}: nothing to train; its "
-          f"summary is {out.file('summary.json')} (a larger --rounds "
-          + ("continues it" if resume else "with --resume continues it, "
-             "--overwrite starts it again") + ")")
-      return out.read_json("summary.json")
-    log(f"{out.path}: {'; '.join(differ)}: written again from "
-        f"{checkpoints.path(start_round)}")
+  def train(self, load: Callable[[], experiment.Loaded]) -> dict[str, Any]:
+    """Trains (or, a finished run, reports) the run; its data from
+    ``load()``, unless it is finished already; returns the summary."""
+    plan, (out, checkpoints) = self.plan, self.run_dir
+    resumed_from = resuming.find_start(plan, self.run_dir, self.control,
+                                       self.log)
+    if resumed_from is not None and resumed_from == plan.config.rounds:
+      # A finished run: its files are written again from the checkpoint
+      # where they are not what it sealed (torn, or another run's).
+      differ = resuming.differing_files(out,
+                                        checkpoints.read_meta(resumed_from))
+      if not differ:
+        return self._done()
+      self.log(f"{out.path}: {'; '.join(differ)}: written again from "
+               f"{checkpoints.path(resumed_from)}")
+    built = self._build(self._checked(load(), resumed_from), resumed_from)
+    loop = RoundLoop(built, self.loop_config, self.run_dir,
+                     built.evaluations(), self.log, self.stop)
+    if resumed_from is None:
+      return loop.run(built.start())
+    return loop.run(None, resuming.resumed(
+        plan, self.run_dir, built.restore(checkpoints, self.log),
+        self.control.resume_changes, self.log))
 
-  fed, description = loaded or _load(plan, transform_data)
-  num_clients = fed.train.num_clients
-  if config.clients_per_round > num_clients:  # before anything compiles
-    raise ValueError(f"--clients_per_round={config.clients_per_round} is "
-                     f"more than the {num_clients} training clients")
-  if processes.count() > 1 and num_clients % jax.device_count():
-    raise ValueError(
-        f"the {num_clients} training clients cannot be split evenly over "
-        f"the {jax.device_count()} devices of the {processes.count()} "
-        "processes; choose --data.num_clients or the devices per process "
-        "so that they divide the training clients")
-  digest = resuming.data_digest(fed)
-  if resumed_from is not None:  # before the PM and the algorithm are built
-    resuming.check_data(checkpoints.read_meta(resumed_from), digest,
-                        checkpoints.path(resumed_from), log)
-  log(description)
-  kept = None if resumed_from is None else checkpoints.path(start_round)
-  new_pm = _pretrains_pm(plan)
-  try:
-    algo, params = wiring.build_algorithm(
-        plan, fed, log, should_stop=lambda: stop.signum is not None)
-  except pretrain.Stopped as e:
-    raise RunInterrupted(
-        f"{signal.Signals(stop.signum).name}: {e}; no round was trained",
-        stop.signum, start_round, kept) from None
-  key, partial = plan.keys()[1], rounds.partial(config.clients_per_round,
-                                                 num_clients)
-  state = rounds.committed(processes.start(
-      lambda p, c: algo.start(p, c, key, partial), (params, fed.train),
-      num_clients, plan.strategy))
-  train = processes.place_clients(fed.train, plan.strategy)
-  if stop.signum is not None:
-    pm_kept = (f"; the PM it pretrained is saved in {config.pm.dir} and is "
-               "reused" if new_pm and checkpoint.exists(config.pm.dir)
-               else "")
-    raise RunInterrupted(
-        f"{signal.Signals(stop.signum).name} before the first round: "
-        f"nothing was trained{'' if pm_kept else ' or saved'}{pm_kept}",
-        stop.signum, start_round, kept)
-  resumed = None if resumed_from is None else resuming.restore(
-      config, out, checkpoints, state, resume_changes, log)
-  return rounds.RoundLoop(
-      rounds.LoopConfig.of(config, checkpoint_every, plan.unread), out,
-      checkpoints, algo, train, scoring.Scorers.of(algo.evaluate, fed),
-      lambda r: sample_participants(config.seed, r, num_clients,
-                                    config.clients_per_round),
-      log, stop, description, digest, live).run(state, resumed, start_round)
+  def _done(self) -> dict[str, Any]:
+    """The summary of the finished run the directory holds, said so."""
+    out, rounds = self.run_dir.out, self.plan.config.rounds
+    self.log(f"the run in {out.path} has done its "
+             f"{counted(rounds, 'round')}: nothing to train; its summary is "
+             f"{out.file('summary.json')} (a larger --rounds " + (
+                 "continues it" if self.control.resume else "with --resume "
+                 "continues it, --overwrite starts it again") + ")")
+    return out.read_json("summary.json")
+
+  def _checked(self, loaded: experiment.Loaded, resumed_from: int | None
+              ) -> experiment.Loaded:
+    """``loaded``, checked before anything compiles: the clients of a
+    round against the training clients and the devices, and the data
+    against those of the checkpoint it resumes; its description logged."""
+    config, checkpoints = self.plan.config, self.run_dir.checkpoints
+    num_clients = loaded.data.train.num_clients
+    if config.clients_per_round > num_clients:
+      raise ValueError(f"--clients_per_round={config.clients_per_round} is "
+                       f"more than the {num_clients} training clients")
+    if processes.count() > 1 and num_clients % jax.device_count():
+      raise ValueError(
+          f"the {num_clients} training clients cannot be split evenly over "
+          f"the {jax.device_count()} devices of the {processes.count()} "
+          "processes; choose --data.num_clients or the devices per process "
+          "so that they divide the training clients")
+    if resumed_from is not None:  # before the PM and the algorithm are built
+      resuming.check_data(checkpoints.read_meta(resumed_from),
+                          loaded.digest, checkpoints.path(resumed_from),
+                          self.log)
+    self.log(loaded.description)
+    return loaded
+
+  def _build(self, loaded: experiment.Loaded, resumed_from: int | None
+            ) -> Experiment:
+    """The run built from ``loaded`` (its PM pretrained if need be); a
+    signal meanwhile stops it before its first round."""
+    kept = (None if resumed_from is None else
+            self.run_dir.checkpoints.path(resumed_from))
+    new_pm, stop, start_round = (_pretrains_pm(self.plan), self.stop,
+                                 resumed_from or 0)
+    try:
+      built = experiment.build(self.plan, loaded, log=self.log,
+                               should_stop=lambda: stop.signum is not None)
+    except pretrain.Stopped as e:
+      raise RunInterrupted(
+          f"{signal.Signals(stop.signum).name}: {e}; no round was trained",
+          stop.signum, start_round, kept) from None
+    if stop.signum is not None:
+      pm_dir = self.plan.config.pm.dir
+      pm_kept = (f"; the PM it pretrained is saved in {pm_dir} and is "
+                 "reused" if new_pm and checkpoint.exists(pm_dir) else "")
+      raise RunInterrupted(
+          f"{signal.Signals(stop.signum).name} before the first round: "
+          f"nothing was trained{'' if pm_kept else ' or saved'}{pm_kept}",
+          stop.signum, start_round, kept)
+    return built

@@ -1,9 +1,9 @@
 """A run's plan: its configuration resolved, checked and located, once.
 
 :func:`prepare` turns a :class:`RunConfig` (from flags, a sweep or Python)
-into a :class:`Plan`: every default filled in (:mod:`.presets`), every
+into a :class:`Plan`: every default filled in (:mod:`.defaults`), every
 check that can be made before anything is loaded or compiled (the models,
-the PM, the sizes against the machine: :mod:`.feasibility`), the
+the PM, the sizes against the machine: :mod:`.limits`), the
 algorithm's spec and the section it reads, the role of its PM, the
 sections the run never reads, where the dataset's files are and how the
 client axis runs. ``training.run`` and the commands take the plan; nothing
@@ -20,10 +20,11 @@ import jax
 
 from augfl_jax import algorithms, data, models
 from augfl_jax.core import client_axis, fields
-from augfl_jax.training import feasibility, presets
+from augfl_jax.training import defaults, limits
 from augfl_jax.training.config import (RunConfig, algorithm_config, pm_role,
-                                       section_name, unread_sections)
-from augfl_jax.training.safety import RunInterrupted
+                                       resume_changes, section_name,
+                                       unread_sections, unused_sections)
+from augfl_jax.training.stops import RunInterrupted
 
 __all__ = ["Plan", "prepare", "validate"]
 
@@ -39,6 +40,8 @@ class Plan:
     section: the ``RunConfig`` section the algorithm reads.
     pm_role: what the run's PM does (``"none"``: the run has none).
     unread: the sections the run never reads.
+    unused: the other algorithms' sections (among ``unread``): a run's
+      configuration is the rest.
     location: where the dataset's files are.
     strategy: how the client axis runs, for the rounds and evaluations.
   """
@@ -48,6 +51,7 @@ class Plan:
   section: str
   pm_role: str
   unread: tuple[str, ...]
+  unused: tuple[str, ...]
   location: data.Location
   strategy: client_axis.ClientStrategy
 
@@ -55,6 +59,15 @@ class Plan:
   def algorithm_config(self) -> Any:
     """The algorithm's config: the section it reads."""
     return getattr(self.config, self.section)
+
+  @property
+  def lower(self) -> tuple[str, ...]:
+    """What a non-finite round advises to lower: the fields of the
+    algorithm's section that a resume may change when named
+    (``resume_changes``), but those at 0 (a weight switched off)."""
+    head = self.section + "."
+    return tuple(n for n in resume_changes(self.config)
+                 if n.startswith(head) and fields.get(self.config, n) != 0)
 
   def keys(self) -> tuple[jax.Array, jax.Array]:
     """``(init_key, run_key)`` from the seed: the client model's
@@ -79,22 +92,10 @@ def _without_pm(config: RunConfig) -> str:
   return ""
 
 
-def prepare(config: RunConfig) -> Plan:
-  """Resolves ``config``, checks it and locates its data (fetched first
-  with ``data.download``, :func:`augfl_jax.data.fetch`): the run's plan.
-
-  Raises:
-    ValueError: one line saying what is wrong and what would be right.
-    data.DatasetUnavailableError: the dataset's files are not on this
-      machine (one line: the files, the places searched, how to get them),
-      or ``data.download`` could not fetch them (``data.DownloadError``).
-    RunInterrupted: SIGINT or SIGTERM while they were fetched (what
-      arrived is kept; the same command continues).
-  """
-  spec = algorithms.spec(config.algorithm)
-  config = presets.resolve(config)
-  known_models = models.available_models()
-  role, d = pm_role(config), config.data
+def _check_models(config: RunConfig, role: str) -> None:
+  """Refuses (``ValueError``) an unknown client model, a PM without a
+  server split to train it on, or an unknown PM or PM kwargs."""
+  known_models, d = models.available_models(), config.data
   checks = [
       (config.model in known_models, f"unknown --model {config.model!r}; "
        f"choose one of {', '.join(known_models)}"),
@@ -110,13 +111,13 @@ def prepare(config: RunConfig) -> Plan:
     if not ok:
       raise ValueError(message)
   if role != "none" and config.pm.kwargs:
-    feasibility.check_pm_kwargs(config, presets.model_kwargs(
+    limits.check_pm_kwargs(config, defaults.model_kwargs(
         config.pm.model, config.norm, config.pm.kwargs, config.conv_impl))
-  unread = unread_sections(config)
-  feasibility.check(config, unread)
-  name, _, inner = config.strategy.partition(":")  # "sharded:map"
-  strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
-                                        inner=inner or "vmap")
+
+
+def _locate(config: RunConfig) -> data.Location:
+  """Where the dataset's files are (fetched first with ``data.download``),
+  and its test split where ``--eval.test_split=on`` needs one."""
   if config.data.download:
     try:
       data.fetch(config.dataset, config.data.data_dir,
@@ -131,10 +132,36 @@ def prepare(config: RunConfig) -> Plan:
       raise ValueError(f"--eval.test_split=on: {e}; pass "
                        "--eval.test_split=auto or off to run without "
                        "it") from None
+  return location
+
+
+def prepare(config: RunConfig) -> Plan:
+  """Resolves ``config``, checks it and locates its data (fetched first
+  with ``data.download``, :func:`augfl_jax.data.fetch`): the run's plan.
+
+  Raises:
+    ValueError: one line saying what is wrong and what would be right.
+    data.DatasetUnavailableError: the dataset's files are not on this
+      machine (one line: the files, the places searched, how to get them),
+      or ``data.download`` could not fetch them (``data.DownloadError``).
+    RunInterrupted: SIGINT or SIGTERM while they were fetched (what
+      arrived is kept; the same command continues).
+  """
+  spec = algorithms.spec(config.algorithm)
+  config = defaults.resolve(config)
+  role = pm_role(config)
+  _check_models(config, role)
+  section, unread = section_name(config), unread_sections(config)
+  unused = unused_sections(config)
+  limits.check(config, unread)
+  name, _, inner = config.strategy.partition(":")  # "sharded:map"
+  strategy = client_axis.ClientStrategy(name, config.chunk_size or None,
+                                        inner=inner or "vmap")
+  location = _locate(config)
   if location.kind != "embedded":  # record where the files are
     config = fields.replace(config, **{"data.data_dir": location.path})
-  return Plan(config=config, spec=spec, section=section_name(config),
-              pm_role=role, unread=unread, location=location,
+  return Plan(config=config, spec=spec, section=section, pm_role=role,
+              unread=unread, unused=unused, location=location,
               strategy=strategy)
 
 

@@ -1,9 +1,11 @@
 """Starting or resuming a run in its output directory: the checks of
-``run``'s arguments, where it starts (a fresh run or the checkpoint to
-resume from: :func:`find_start`), the checkpoint's configuration and data against the resumed one's,
-the step sizes a resume changes (``changes.jsonl``), the restored state,
-the run's files against what its checkpoint sealed (:func:`differing_files`)
-and the one-line error for a file of the run that could not be written.
+``run``'s arguments (:class:`RunControl`), where it starts (a fresh run or
+the checkpoint to resume from: :func:`find_start`), the checkpoint's
+configuration and data against the resumed one's plan, the step sizes a
+resume changes (``changes.jsonl``), what a resumed run continues with
+(:func:`resumed`), the run's files against what its checkpoint sealed
+(:func:`differing_files`) and the one-line error for a file of the run
+that could not be written.
 """
 
 from __future__ import annotations
@@ -13,30 +15,47 @@ import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 from augfl_jax import data, processes
-from augfl_jax.core import fields, tree
+from augfl_jax.core import fields
 from augfl_jax.core.progress import counted
 from augfl_jax.training.checkpoints import CheckpointError, RunCheckpoints
 from augfl_jax.training.config import (RunConfig, config_class,
                                        from_config_json, pm_role,
-                                       resumable_fields)
+                                       resumable_fields, unused_sections)
 from augfl_jax.training.config import resume_changes as resume_changes_of
-from augfl_jax.training.config import unused_sections
 from augfl_jax.training.outputs import OutputDir, OutputDirError
+from augfl_jax.training.plan import Plan
 
 __all__ = [
     "changed", "check_data", "check_resume_config", "check_run_control",
-    "data_digest", "differing_files", "find_start", "finished",
-    "record_changes", "restore", "Resumed", "saved_config", "write_error"
+    "differing_files", "find_start", "finished", "record_changes", "resumed",
+    "Resumed", "RunControl", "RunDir", "saved_config", "write_error"
 ]
 
 
-def check_resume_config(saved: RunConfig, config: RunConfig,
-                         resume_changes: Sequence[str], where: str) -> None:
-  """Refuses a resumed configuration that differs from the checkpoint's
-  ``saved`` outside :func:`resumable_fields` and ``resume_changes``, or
-  whose changes give the run another PM role (AugFL's lam to or from 0:
-  the checkpoint holds the PM's state, or lacks it)."""
-  before, after = pm_role(saved), pm_role(config)
+class RunControl(NamedTuple):
+  """How ``training.run`` treats its directory: its own arguments."""
+  checkpoint_every: int  # every this many rounds (0: at the end)
+  resume: bool  # continue from the newest readable checkpoint
+  overwrite: bool  # replace the run the directory holds
+  resume_changes: tuple[str, ...]  # step sizes a resumed run may change
+
+
+class RunDir(NamedTuple):
+  """A run's directory (locked): its files and its checkpoints."""
+  out: OutputDir
+  checkpoints: RunCheckpoints
+
+
+def check_resume_config(saved: RunConfig, plan: Plan,
+                        resume_changes: Sequence[str], where: str) -> None:
+  """Refuses a resumed run of ``plan`` whose configuration differs from the
+  checkpoint's ``saved`` outside :func:`resumable_fields` and
+  ``resume_changes``, or whose changes give the run another PM role (a
+  weight to or from 0 where the method leaves its PM out there,
+  ``AlgorithmSpec.uses_pm``: the checkpoint holds the PM's state, or lacks
+  it)."""
+  config = plan.config
+  before, after = pm_role(saved), plan.pm_role
   named = [n for n in resume_changes
            if fields.get(saved, n) != fields.get(config, n)]
   if before != after and named:
@@ -50,7 +69,7 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
             for n in named))
   free = resumable_fields(config)
   diff = fields.diff(saved, config, free + tuple(resume_changes)
-                     + unused_sections(config))
+                     + plan.unused)
   if not diff:
     return
   names = [d.partition(":")[0] for d in diff]
@@ -64,18 +83,10 @@ def check_resume_config(saved: RunConfig, config: RunConfig,
                    f"configuration ({'; '.join(diff)}); {way_out}")
 
 
-def data_digest(fed: data.FederatedData) -> str:
-  """SHA-256 (hex) of every array a run reads: the training, held-out and
-  test-split clients' examples, labels and masks, and the server split
-  (shapes and dtypes included; ``core.tree.digest``)."""
-  return tree.digest((fed.train, fed.test, fed.server,
-                      None if fed.test_split is None
-                      else fed.test_split.clients))
-
-
 def check_data(meta: dict[str, Any], digest: str, where: str, log) -> None:
   """Refuses to resume the checkpoint ``where`` (its ``meta``) on data
-  other than those its run started with (:func:`data_digest`); a
+  other than those its run started with (``digest``:
+  ``experiment.Loaded.digest``); a
   checkpoint that records no digest (an older version) is said to be
   unchecked."""
   saved = meta.get("data_digest")
@@ -135,46 +146,64 @@ def finished(out: OutputDir) -> bool:
   return True
 
 
-def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
-               resume: bool, overwrite: bool,
-               resume_changes: Sequence[str], log) -> int | None:
+def find_start(plan: Plan, run_dir: RunDir, control: RunControl, log
+              ) -> int | None:
   """The checkpoint step to resume from (``None``: a fresh run), after
-  checking the directory against the run: without ``resume``, a directory
-  that holds this very run (the same configuration, but for the sections
-  it does not read), finished, gives its last step, ``config.rounds``
-  (``run`` then reports its summary and trains nothing). Raises
-  ``ValueError``."""
+  checking the directory against the run: without ``control.resume``, a
+  directory that holds this very run (the same configuration, but for the
+  sections it does not read), finished, gives its last step,
+  ``config.rounds`` (``run`` then reports its summary and trains
+  nothing). Raises ``ValueError``."""
+  out = run_dir.out
   foreign = out.foreign()
   if foreign:
     raise OutputDirError(
         f"{out.path} holds {', '.join(foreign)}, which augfl_jax did not "
         "write: it never removes or reuses such files; choose another "
         "--output_dir")
-  steps = checkpoints.steps()
-  if resume:
-    if not steps:
-      raise ValueError(f"--resume: no checkpoint in {checkpoints.directory};"
-                       " run without --resume to start the run (again)")
-    step, meta = checkpoints.latest_meta(log)
-    saved_processes = meta.get("processes", 1)
-    if saved_processes != processes.count():
-      raise ValueError(
-          f"--resume: {checkpoints.path(step)} was saved by a run of "
-          f"{saved_processes} process{'es' if saved_processes > 1 else ''}"
-          f" and this one has {processes.count()}; resume it with "
-          f"--distributed.num_processes={saved_processes} (each process "
-          "holds its own part of the state)")
-    check_resume_config(fields.from_dict(type(config), meta["config"]),
-                        config, resume_changes, f"{checkpoints.path(step)}")
-    if step > config.rounds:
-      raise ValueError(f"--resume: the checkpoint is at round {step}, "
-                       f"beyond --rounds={config.rounds}")
-    return step
-  if overwrite or not out.own_files():
+  if control.resume:
+    return _resumed_step(plan, run_dir.checkpoints, control.resume_changes,
+                         log)
+  if control.overwrite or not out.own_files():
     return None
+  return _same_run(plan, run_dir, log)
+
+
+def _resumed_step(plan: Plan, checkpoints: RunCheckpoints,
+                  resume_changes: tuple[str, ...], log) -> int:
+  """:func:`find_start` with ``--resume``: the newest readable
+  checkpoint's step, checked against the run."""
+  config = plan.config
+  if not checkpoints.steps():
+    raise ValueError(f"--resume: no checkpoint in {checkpoints.directory};"
+                     " run without --resume to start the run (again)")
+  step, meta = checkpoints.latest_meta(log)
+  saved_processes = meta.get("processes", 1)
+  if saved_processes != processes.count():
+    raise ValueError(
+        f"--resume: {checkpoints.path(step)} was saved by a run of "
+        f"{saved_processes} process{'es' if saved_processes > 1 else ''}"
+        f" and this one has {processes.count()}; resume it with "
+        f"--distributed.num_processes={saved_processes} (each process "
+        "holds its own part of the state)")
+  check_resume_config(fields.from_dict(type(config), meta["config"]),
+                      plan, resume_changes, f"{checkpoints.path(step)}")
+  if step > config.rounds:
+    raise ValueError(f"--resume: the checkpoint is at round {step}, "
+                     f"beyond --rounds={config.rounds}")
+  return step
+
+
+def _same_run(plan: Plan, run_dir: RunDir, log) -> int | None:
+  """:func:`find_start` in a directory of the run's own files, without
+  ``--resume`` or ``--overwrite``: its last step where it holds this run,
+  finished; ``None`` where it holds this run without a checkpoint; else
+  ``OutputDirError``."""
+  config, (out, checkpoints) = plan.config, run_dir
+  steps = checkpoints.steps()
   saved = saved_config(out, checkpoints, log, type(config))
   if saved is not None:
-    diff = fields.diff(saved, config, unused_sections(config))
+    diff = fields.diff(saved, config, plan.unused)
     if diff:
       raise OutputDirError(
           f"{out.path} holds a different run ({'; '.join(diff)}); pass "
@@ -189,26 +218,26 @@ def find_start(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
   return None
 
 
-def check_run_control(config: RunConfig, checkpoint_every: int,
-                       resume: bool, overwrite: bool,
-                       resume_changes: Sequence[str]) -> None:
+def check_run_control(plan: Plan, control: RunControl) -> None:
   """The checks of ``run``'s own arguments (and of ``clients_per_round``
   against the partition's size), before anything is read or written."""
-  if checkpoint_every < 0:
+  config = plan.config
+  if control.checkpoint_every < 0:
     raise ValueError(f"--checkpoint_every must be >= 0 (0: only at the "
-                     f"end), got {checkpoint_every}")
-  if resume and overwrite:
+                     f"end), got {control.checkpoint_every}")
+  if control.resume and control.overwrite:
     raise ValueError("--resume and --overwrite exclude each other: resume "
                      "continues the run in --output_dir, overwrite replaces "
                      "it")
-  if resume_changes and not resume:
+  if control.resume_changes and not control.resume:
     raise ValueError("--resume_changes names step sizes a resumed run "
                      "changes: it needs --resume")
-  for name in resume_changes:
-    if name not in resume_changes_of(config):
+  allowed = resume_changes_of(config)
+  for name in control.resume_changes:
+    if name not in allowed:
       raise ValueError(
           f"--resume_changes: {name} is not a step size; these may change "
-          f"on resume: {', '.join(resume_changes_of(config))}")
+          f"on resume: {', '.join(allowed)}")
   if not data.DATASETS[config.dataset].natural_clients:
     train = data.num_train_clients(config.data.num_clients)
     if config.clients_per_round > train:
@@ -218,11 +247,12 @@ def check_run_control(config: RunConfig, checkpoint_every: int,
           f"{config.data.num_clients})")
 
 
-def write_error(e: BaseException, out: OutputDir,
-                 checkpoints: RunCheckpoints, done: int) -> OutputDirError:
+def write_error(e: BaseException, run_dir: RunDir, done: int
+               ) -> OutputDirError:
   """One line for a file of the run that could not be written (a full
   disk, a file system gone read-only): what failed, after which round,
   and the newest checkpoint to resume from."""
+  out, checkpoints = run_dir
   if isinstance(e, OSError) and e.strerror:
     reason = e.strerror + (f": {e.filename}" if e.filename else "")
   else:
@@ -246,7 +276,7 @@ def write_error(e: BaseException, out: OutputDir,
 
 
 class Resumed(NamedTuple):
-  """What a resumed run continues with (:func:`restore`)."""
+  """What a resumed run continues with (:func:`resumed`)."""
   round: int  # the checkpoint's round
   state: Any
   history: list[dict[str, Any]]  # the metrics records up to ``round``
@@ -257,15 +287,18 @@ class Resumed(NamedTuple):
   change_records: list[dict[str, Any]]
 
 
-def restore(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
-            state: Any, resume_changes: Sequence[str], log) -> Resumed:
-  """The newest checkpoint that reads back whole, into ``state``'s
-  structure, checked against ``config`` (``CheckpointError`` when none
-  does)."""
-  start_round, state, meta = checkpoints.restore(state, log)
-  saved = fields.from_dict(type(config), meta["config"])
-  check_resume_config(saved, config, resume_changes,
-                      checkpoints.path(start_round))
+def resumed(plan: Plan, run_dir: RunDir,
+            checkpoint: tuple[int, Any, dict[str, Any]],
+            resume_changes: Sequence[str], log) -> Resumed:
+  """What a resumed run of ``plan`` continues with from ``checkpoint``,
+  ``(round, state, meta)`` of ``run_dir``'s checkpoints as
+  ``Experiment.restore`` read it back, checked against the plan
+  (``ValueError``)."""
+  start_round, state, meta = checkpoint
+  out = run_dir.out
+  saved = fields.from_dict(type(plan.config), meta["config"])
+  check_resume_config(saved, plan, resume_changes,
+                      run_dir.checkpoints.path(start_round))
   on_disk = out.read_records("metrics.jsonl", log, tolerant=True)
   # The checkpoint holds the records up to its round (older ones: only
   # metrics.jsonl does).
@@ -277,7 +310,7 @@ def restore(config: RunConfig, out: OutputDir, checkpoints: RunCheckpoints,
                     out.read_records("changes.jsonl", log, tolerant=True))
   return Resumed(start_round, state, history,
                  list(meta["pending_train_losses"]), meta["seconds"],
-                 changed(saved, config, resume_changes), change_records)
+                 changed(saved, plan.config, resume_changes), change_records)
 
 
 def record_changes(out: OutputDir, start_round: int,

@@ -1,20 +1,23 @@
 """The rounds of one run: :class:`RoundLoop`, which ``loop.run`` builds
-once the directory is planned and the algorithm built.
+once the directory is planned and the run built (``training.build``).
 
-The loop knows a built algorithm (its round, and whether that round can be
-traced into the non-finite guard: ``FederatedAlgorithm.traceable``), a
-loop-only config (:class:`LoopConfig`), the run's scorers
-(``scoring.Scorers``) and who takes part in each round; nothing of any
-method. It runs the guarded rounds, scores the clients, writes the records,
-TensorBoard events and checkpoints, stops on a signal or a non-finite
-value, and writes the summary at the end.
+The loop is given the built run (its algorithm, its training clients and
+who takes part in each round: :class:`~augfl_jax.training.experiment.
+Experiment`), a loop-only config (:class:`LoopConfig`), the run's
+directory and its evaluations by name (``scoring.Evaluation``, as FedJAX's
+eval_fn maps); nothing of any method. It jits the round, wrapped in the
+non-finite guard (``guard.keep_finite``: one program that donates the
+state, where the round can be traced), runs it, scores the evaluations
+that are due, writes the records, TensorBoard events and checkpoints,
+stops on a signal or a non-finite value, and writes the summary at the
+end.
 
 Its console lines are short (at most 100 columns; every evaluation in full
 is in ``metrics.jsonl``): a line per evaluation, and at least every
 :data:`LOG_SECONDS` without a live line, with the round's training loss,
-the held-out clients' accuracy and its 95% interval, the time per round
-(the median of the recent rounds: neither compilation nor an evaluation
-counts) and the time left; a second line for the test-split clients. On a
+the headline's accuracy and its 95% interval, the time per round (the
+median of the recent rounds: neither compilation nor an evaluation
+counts) and the time left; a line for each other evaluation. On a
 terminal a live line (``core.progress.LiveLine``) shows every round.
 """
 
@@ -24,65 +27,54 @@ import dataclasses
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
 
-from augfl_jax import processes
-from augfl_jax.core import fields, tree
+from augfl_jax import algorithms, processes
+from augfl_jax.core import fields, jit, tree
 from augfl_jax.core.progress import LiveLine, Progress, counted
-from augfl_jax.training import resume as resuming
-from augfl_jax.training import scoring
+from augfl_jax.processes.signals import StopSignals
+from augfl_jax.training import guard, resume, scoring
 from augfl_jax.training.checkpoints import CheckpointError
-from augfl_jax.training.config import (RunConfig, fields_to_lower,
-                                       to_config_json)
+from augfl_jax.training.config import to_config_json
 from augfl_jax.training.events import EventWriter
-from augfl_jax.training.safety import (NonFiniteError, RunInterrupted,
-                                       describe, guard_round)
+from augfl_jax.training.experiment import Experiment
+from augfl_jax.training.plan import Plan
+from augfl_jax.training.stops import NonFiniteError, RunInterrupted
 
-__all__ = ["LoopConfig", "RoundLoop", "committed", "partial",
-           "sample_participants"]
+__all__ = ["LoopConfig", "RoundLoop", "compiled_round"]
 
 # Rounds are logged at evaluations, and otherwise at least this often.
 LOG_SECONDS = 10.0
+# What a non-finite evaluation advises to lower.
+EVAL_STEP = ("eval.alpha",)
 
 
-def partial(clients_per_round: int, num_clients: int) -> bool:
-  """Whether rounds take a subset of the ``num_clients`` clients."""
-  return clients_per_round not in (0, num_clients)
-
-
-def sample_participants(seed: int, round_: int, num_clients: int,
-                        clients_per_round: int) -> np.ndarray | None:
-  """The clients taking part in ``round_``: ``clients_per_round`` of them,
-  uniformly without replacement, reproducible from (seed, round); ``None``
-  (everyone) when all take part (``clients_per_round`` 0 or ``C``)."""
-  if not partial(clients_per_round, num_clients):
-    return None
-  rng = np.random.default_rng([seed, round_])
-  return np.sort(rng.choice(num_clients, clients_per_round, replace=False))
-
-
-def committed(state: Any) -> Any:
-  """On one device, ``state`` committed to it: a round's outputs are, and
-  jit compiles again for committed inputs after uncommitted ones."""
-  if jax.device_count() != 1:
-    return state
-  return jax.device_put(state, jax.devices()[0])
+def compiled_round(algorithm: algorithms.FederatedAlgorithm
+                  ) -> Callable[..., Any]:
+  """``algorithm``'s round in the non-finite guard (``guard.keep_finite``),
+  jitted as one program that donates the state (``core.jit.hoisted_jit``);
+  a round that cannot be traced (``traceable`` False) runs as it is."""
+  guarded = guard.keep_finite(algorithm)
+  if not guarded.traceable:
+    return guarded.round
+  return jit.hoisted_jit(guarded.round, donate_first=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-  """What the loop needs of the run's configuration, and writes of it.
+  """What the loop needs of the run's plan and of ``run``'s arguments,
+  and writes of them.
 
   Attributes:
     rounds: the last round.
-    eval_every: score the held-out clients every this many rounds.
-    test_split_every: score the test-split clients every this many rounds
-      too (0: after the last round only).
     checkpoint_every: save the state every this many rounds (0: at the
       end, on a stop and before a non-finite stop only).
+    live: show a live line of the rounds on the terminal
+      (``core.progress.LiveLine``); the log then gets the evaluations' and
+      the first round's lines only.
     lower: the fields a non-finite round advises to lower.
     record: the configuration as every checkpoint records it.
     config_json: ``config.json``: ``record`` and the sections the run
@@ -91,79 +83,67 @@ class LoopConfig:
   """
 
   rounds: int
-  eval_every: int
-  test_split_every: int
   checkpoint_every: int
+  live: bool
   lower: tuple[str, ...]
   record: dict[str, Any]
   config_json: dict[str, Any]
   head: dict[str, Any]
 
   @classmethod
-  def of(cls, config: RunConfig, checkpoint_every: int,
-         unread: tuple[str, ...] | None = None) -> LoopConfig:
-    """The loop's config of a run of ``config`` whose sections ``unread``
-    it never reads (``Plan.unread``; default: ``unread_sections``)."""
-    return cls(rounds=config.rounds, eval_every=config.eval_every,
-               test_split_every=config.eval.test_split_every,
-               checkpoint_every=checkpoint_every,
-               lower=fields_to_lower(config), record=fields.to_dict(config),
-               config_json=to_config_json(config, unread),
+  def of(cls, plan: Plan, checkpoint_every: int,
+         live: bool = False) -> LoopConfig:
+    """The loop's config of a run of ``plan``."""
+    config = plan.config
+    return cls(rounds=config.rounds, checkpoint_every=checkpoint_every,
+               live=live, lower=plan.lower, record=fields.to_dict(config),
+               config_json=to_config_json(config, plan.unread),
                head={"dataset": config.dataset,
                      "algorithm": config.algorithm, "model": config.model,
                      "seed": config.seed, "rounds": config.rounds})
-
-  def scores_test_split(self, round_: int) -> bool:
-    every = self.test_split_every
-    return round_ == self.rounds or bool(every and round_ % every == 0)
-
-  def evaluates(self, round_: int) -> bool:
-    return round_ % self.eval_every == 0 or self.scores_test_split(round_)
 
 
 class RoundLoop:
   """The rounds of one run after its start (a fresh run or a checkpoint).
 
   Args:
-    loop: the loop's configuration.
-    out: the run's ``outputs.OutputDir`` (locked).
-    checkpoints: its ``checkpoints.RunCheckpoints``.
-    algo: the built algorithm.
-    clients: the training clients (``ClientData``, leaves ``[C, ...]``).
-    scorers: the run's evaluations.
-    participants: ``participants(round) -> [K] ids | None`` (None: all);
-      ids are checked as they are drawn.
+    experiment: the built run (``training.build``).
+    config: the loop's configuration.
+    run_dir: the run's directory (locked) and its checkpoints.
+    evaluations: the evaluations by name, the headline first
+      (``Experiment.evaluations``, and any of one's own).
     log: receives the progress lines.
     stop: the run's ``processes.signals.StopSignals``.
-    description: ``partition.txt``.
-    digest: the data's digest, recorded in every checkpoint.
-    live: show a live line of the rounds on the terminal
-      (``core.progress.LiveLine``); the log then gets the evaluations' and
-      the first round's lines only.
   """
 
-  def __init__(self, loop: LoopConfig, out, checkpoints, algo, clients,
-               scorers: scoring.Scorers,
-               participants: Callable[[int], np.ndarray | None],
-               log: Callable[[str], None], stop, description: str,
-               digest: str, live: bool = False):
-    self.live = live
-    self.loop, self.out, self.checkpoints = loop, out, checkpoints
-    self.algo, self.clients, self.scorers = algo, clients, scorers
-    self.participants, self.log, self.stop = participants, log, stop
-    self.description, self.digest = description, digest
-    self.num_clients = clients.num_examples.shape[0]
+  def __init__(self, experiment: Experiment, config: LoopConfig,
+               run_dir: resume.RunDir,
+               evaluations: Mapping[str, scoring.Evaluation],
+               log: Callable[[str], None], stop: StopSignals):
+    self.experiment, self.config, self.run_dir = experiment, config, run_dir
+    self.out, self.checkpoints = run_dir.out, run_dir.checkpoints
+    self.evaluations, self.log, self.stop = dict(evaluations), log, stop
+    self.clients = processes.place_clients(experiment.data.train,
+                                           experiment.plan.strategy)
+    self.num_clients = self.clients.num_examples.shape[0]
+    self.step = compiled_round(experiment.algorithm)
     self.done = 0  # the last round completed
     self.history: list[dict[str, Any]] = []
     self.change_records: list[dict[str, Any]] = []  # changes.jsonl
     self.train_losses: list[float] = []
-    self.offset, self.start, self.saved_round = 0.0, 0.0, None
-    self.events = None
+    self.offset = self.start = 0.0
+    self.saved_round = self.first_round_seconds = None
+    self.events = self.metrics_file = self.live = self.progress = None
+    # The evaluations of this process compile at their first call: the
+    # round after it (whose time includes it) is not timed.
+    self.compiling = {n for n, ev in self.evaluations.items() if ev.score}
+    self.scored: set[str] = set()
+    self.timed, self.last_line, self.layout = True, 0.0, None
 
-  def run(self, state: Any, resumed: resuming.Resumed | None,
-          start_round: int = 0) -> dict[str, Any]:
-    """Trains from ``resumed`` (``None``: from ``start_round``, a fresh
-    run) to ``loop.rounds``; returns the summary.
+  def run(self, state: Any, resumed: resume.Resumed | None = None
+         ) -> dict[str, Any]:
+    """Trains from ``state`` (a fresh run) or from ``resumed`` to
+    ``config.rounds``; returns the summary.
 
     Raises:
       OutputDirError: a file of the run could not be written (one line:
@@ -171,136 +151,159 @@ class RoundLoop:
       NonFiniteError, RunInterrupted: as ``training.run``.
     """
     try:
-      return self._run(state, resumed, start_round)
+      return self._run(state, resumed)
     except (OSError, CheckpointError) as e:
-      raise resuming.write_error(e, self.out, self.checkpoints,
-                                 self.done) from None
+      raise resume.write_error(e, self.run_dir, self.done) from None
 
-  def _run(self, state, resumed, start_round):
-    loop, out = self.loop, self.out
-    changes = {}
+  def _run(self, state: Any, resumed: resume.Resumed | None
+          ) -> dict[str, Any]:
+    start_round, state = self._begin(state, resumed)
+    # Across processes, the split state keeps its layout from round to
+    # round (a checkpoint is restored into the layout it was saved from).
+    self.layout = (jax.tree.map(lambda a: a.sharding, state)
+                   if processes.count() > 1 else None)
+    self.log(next(iter(self.evaluations.values())).legend)
+    with self.events, open(self.out.file("metrics.jsonl") if self.out.writes
+                           else os.devnull, "a") as self.metrics_file, \
+        LiveLine(self.config.live) as self.live:
+      self._score_restored(start_round, state)
+      for r in range(start_round + 1, self.config.rounds + 1):
+        state = self._round(r, state, start_round)
+        self._after(r, state)
+    self.checkpoints.wait()
+    return self._finish(start_round)
+
+  def _begin(self, state: Any, resumed: resume.Resumed | None
+            ) -> tuple[int, Any]:
+    """``(start round, state)``: the loop's own state from ``resumed``
+    (or a fresh run's, the directory's old files removed), and the
+    files of what runs now written (a resumed run may differ in
+    ``resumable_fields``: rounds, strategy, the data's directory, ... and
+    in the step sizes its resume changed)."""
+    out, start_round, changes, records = self.out, 0, {}, []
     if resumed is not None:
-      start_round, self.history = resumed.round, resumed.history
-      state = committed(resumed.state)
+      start_round, self.history, state = (resumed.round, resumed.history,
+                                          resumed.state)
       self.train_losses, self.offset = resumed.train_losses, resumed.seconds
-      changes = resumed.changes
+      changes, records = resumed.changes, resumed.change_records
       self.log(f"resuming from round {start_round} "
                f"({self.checkpoints.path(start_round)})")
-      out.claim()  # a run of an older version claims changes.jsonl too
     else:
       out.clear_own()
       processes.sync("the run's old files are removed")
       self.checkpoints.reload()  # --overwrite removed the old steps
-      out.claim()
+    out.claim()  # a run of an older version claims changes.jsonl too
     self.done = start_round
-    self.change_records = resuming.record_changes(
-        out, start_round, changes,
-        resumed.change_records if resumed is not None else [], self.log)
-    # What runs now (a resumed run may differ in resumable_fields: rounds,
-    # strategy, the data's directory, ... and in the changes above).
-    out.write_json("config.json", loop.config_json)
-    out.write_text("partition.txt", self.description + "\n")
+    self.change_records = resume.record_changes(out, start_round, changes,
+                                                records, self.log)
+    out.write_json("config.json", self.config.config_json)
+    out.write_text("partition.txt", self.experiment.loaded.description + "\n")
     out.write_records("metrics.jsonl", self.history)  # none past the save
-    step = guard_round(self.algo.round, self.num_clients,
-                       fused=self.algo.traceable)
     self.start = time.perf_counter()
-    progress = Progress(loop.rounds, done=start_round)
+    self.progress = Progress(self.config.rounds, done=start_round)
     self.saved_round = None if resumed is None else start_round
-    first_round_seconds, last_line = None, 0.0
-    # The evaluations of this process compile at their first call: the
-    # round after it (whose time includes it) is not timed.
-    compiling = {"heldout", "test_split"}
-    timed = True
     self.events = EventWriter(out.file("tb") if out.writes else None,
                               None if resumed is None else start_round + 1)
-    # Across processes, the split state keeps its layout from round to
-    # round (a checkpoint is restored into the layout it was saved from).
-    layout = (jax.tree.map(lambda a: a.sharding, state)
-              if processes.count() > 1 else None)
-    clients = len(self.scorers.heldout_counts)
-    self.log("accuracy: " + (
-        f"the {clients} held-out clients' test-client accuracy (%), mean "
-        "[95% CI across them]" if clients > 1 else "the held-out client's "
-        "test-client accuracy (%); 1 client, no interval"))
-    with self.events, open(out.file("metrics.jsonl") if out.writes
-                           else os.devnull, "a") as metrics_file, LiveLine(
-                               self.live) as live:
-      if (self.train_losses and (start_round % loop.eval_every == 0 or
-                                 start_round == loop.rounds) and
-          all(h["round"] != start_round for h in self.history)):
-        # Stopped by a non-finite evaluation: its round is scored again
-        # (with the step size the resume changed).
-        accuracy, split = self._evaluate(start_round, state, metrics_file)
-        self._log_evaluation(f"round {start_round:4d}/{loop.rounds}",
-                             f"(restored)  accuracy {accuracy}", split)
-      for r in range(start_round + 1, loop.rounds + 1):
-        t0 = time.perf_counter()
-        if r == start_round + 1:
-          self.log(f"round {r:4d}/{loop.rounds}  compiling the round (its "
-                   "time is part of this round's) ...")
-        ids = self.participants(r)
-        tree.check_participants(ids, self.num_clients)
-        state, metrics, ok, flags = step(state, self.clients, ids)
-        if layout is not None:
-          state = jax.device_put(state, layout)
-        if not bool(ok):
-          self._stop_nonfinite(r - 1, state, f"round {r}: non-finite "
-                               + describe(processes.to_host(flags), ids,
-                                          processes.to_host(metrics)),
-                               loop.lower)
-        values = scoring.scalars(processes.to_host(metrics))
-        loss = values["loss"]
-        if first_round_seconds is None:
-          first_round_seconds = time.perf_counter() - t0
-        self.train_losses.append(loss)
-        progress.step(timed=timed)
-        timed = True
-        if (estimate := progress.long_estimate("round")):
-          self.log(f"the rounds will take long: {estimate}")
-        self.events.scalars(values, r, "train/")
-        head = f"round {r:4d}/{loop.rounds}"
-        timing = (f"{first_round_seconds:.2f} s (compiling included)"
-                  if r == start_round + 1 else progress.describe("round"))
-        live.update(r / loop.rounds, f"{head}  loss {loss:.4f}  {timing}")
-        evaluating = loop.evaluates(r)
-        self.done = r
-        if evaluating:
-          accuracy, split = self._evaluate(r, state, metrics_file,
-                                           train=values)
-          scored = {"heldout"} | ({"test_split"} if split else set())
-          timed, compiling = not compiling & scored, compiling - scored
-          self._log_evaluation(head, f"loss {loss:.4f}  accuracy "
-                               f"{accuracy}  {timing}", split)
-          last_line = time.perf_counter()
-        elif r == start_round + 1 or not self.live and (
-            time.perf_counter() - last_line >= LOG_SECONDS):
-          self.log(f"{head}  loss {loss:.4f}  {timing}")
-          last_line = time.perf_counter()
-        if (loop.checkpoint_every and r % loop.checkpoint_every == 0 or
-            r == loop.rounds):
-          if out.writes:
-            os.fsync(metrics_file.fileno())
-          self._save(r, state)
-          self.saved_round = r
-        # Across processes, a signal to any of them stops all after round r.
-        signum = processes.agree(self.stop.signum or 0) or None
-        if signum is not None and r < loop.rounds:
-          path = self._saved(r, state)
-          raise RunInterrupted(
-              f"{signal.Signals(signum).name} after round {r}/"
-              f"{loop.rounds}" + ("" if self.stop.signum else
-                                  " (received by another process)")
-              + f": the run state is saved in {path}, where a resumed run "
-              "continues", signum, r, path)
-    self.checkpoints.wait()
-    return self._finish(start_round, first_round_seconds)
+    return start_round, state
+
+  def _due(self, round_: int) -> bool:
+    """Whether any evaluation is due after ``round_``."""
+    return any(ev.due(round_, self.config.rounds)
+               for ev in self.evaluations.values())
+
+  def _score_restored(self, start_round: int, state: Any) -> None:
+    """A run stopped by a non-finite evaluation of its headline's round
+    scores that round again (with the step size the resume changed)."""
+    headline = next(iter(self.evaluations.values()))
+    if (self.train_losses and headline.due(start_round, self.config.rounds)
+        and all(h["round"] != start_round for h in self.history)):
+      lines = self._evaluate(start_round, state)
+      self._log_evaluation(
+          f"round {start_round:4d}/{self.config.rounds}",
+          f"(restored)  accuracy {lines[0]}", lines[1:])
+
+  def _round(self, r: int, state: Any, start_round: int) -> Any:
+    """Round ``r``: trained (a non-finite one stops the run with the
+    previous state saved), its line, its evaluations; returns the state."""
+    t0, rounds = time.perf_counter(), self.config.rounds
+    if r == start_round + 1:
+      self.log(f"round {r:4d}/{rounds}  compiling the round (its time is "
+               "part of this round's) ...")
+    ids = self.experiment.participants(r)
+    tree.check_participants(ids, self.num_clients)
+    state, metrics = self.step(state, self.clients, ids)
+    if self.layout is not None:
+      state = jax.device_put(state, self.layout)
+    metrics, ok, flags = guard.split(metrics)
+    if not bool(ok):
+      self._stop_nonfinite(r - 1, state, f"round {r}: non-finite "
+                           + guard.describe(processes.to_host(flags), ids,
+                                            processes.to_host(metrics)),
+                           self.config.lower)
+    values = scoring.scalars(processes.to_host(metrics))
+    loss = values["loss"]
+    if self.first_round_seconds is None:
+      self.first_round_seconds = time.perf_counter() - t0
+    self.train_losses.append(loss)
+    self.progress.step(timed=self.timed)
+    self.timed = True
+    if (estimate := self.progress.long_estimate("round")):
+      self.log(f"the rounds will take long: {estimate}")
+    self.events.scalars(values, r, "train/")
+    first = r == start_round + 1
+    timing = (f"{self.first_round_seconds:.2f} s (compiling included)"
+              if first else self.progress.describe("round"))
+    self.live.update(r / rounds, f"round {r:4d}/{rounds}  loss {loss:.4f}  "
+                     f"{timing}")
+    self.done = r
+    self._log_round(r, state, values, timing, first)
+    return state
+
+  def _log_round(self, r: int, state: Any, values: dict[str, float],
+                 timing: str, first: bool) -> None:
+    """Round ``r``'s line (its loss, of ``values``, and ``timing``; a
+    ``first`` round's always), with its evaluations where they are due,
+    else at least every :data:`LOG_SECONDS` without a live line."""
+    head = f"round {r:4d}/{self.config.rounds}"
+    loss = f"loss {values['loss']:.4f}"
+    if self._due(r):
+      texts = self._evaluate(r, state, train=values)
+      self.timed = not self.compiling & self.scored
+      self.compiling -= self.scored
+      self._log_evaluation(head, f"{loss}  accuracy {texts[0]}  {timing}",
+                           texts[1:])
+      self.last_line = time.perf_counter()
+    elif first or not self.config.live and (
+        time.perf_counter() - self.last_line >= LOG_SECONDS):
+      self.log(f"{head}  {loss}  {timing}")
+      self.last_line = time.perf_counter()
+
+  def _after(self, r: int, state: Any) -> None:
+    """After round ``r``: its checkpoint when one is due; a signal to any
+    process stops every process, the state saved."""
+    rounds = self.config.rounds
+    every = self.config.checkpoint_every
+    if every and r % every == 0 or r == rounds:
+      if self.out.writes:
+        os.fsync(self.metrics_file.fileno())
+      self._save(r, state)
+      self.saved_round = r
+    signum = processes.agree(self.stop.signum or 0) or None
+    if signum is not None and r < rounds:
+      path = self._saved(r, state)
+      raise RunInterrupted(
+          f"{signal.Signals(signum).name} after round {r}/{rounds}"
+          + ("" if self.stop.signum else " (received by another process)")
+          + f": the run state is saved in {path}, where a resumed run "
+          "continues", signum, r, path)
 
   def _save(self, round_: int, state: Any) -> str:
     self.events.flush()
     return self.checkpoints.save(round_, state, {
-        "round": round_, "config": self.loop.record,
+        "round": round_, "config": self.config.record,
         "pending_train_losses": self.train_losses, "records": self.history,
-        "changes": self.change_records, "data_digest": self.digest,
+        "changes": self.change_records,
+        "data_digest": self.experiment.loaded.digest,
         "seconds": self.offset + time.perf_counter() - self.start})
 
   def _saved(self, round_: int, state: Any) -> str:
@@ -323,94 +326,81 @@ class RoundLoop:
         f" Continue it with --resume {advice}; or check those clients' "
         "data")
 
-  def _log_evaluation(self, head: str, rest: str, split: str | None
-                     ) -> None:
+  def _log_evaluation(self, head: str, rest: str, more: list[str]) -> None:
     """Logs an evaluation's line, ``head`` (``round   10/300``) and
-    ``rest``, then its test-split ``split`` (if any) on a line of its
-    own under the same ``head``."""
+    ``rest``, then each of ``more`` (the other evaluations' words) on a
+    line of its own under the same ``head``."""
     self.log(f"{head}  {rest}")
-    if split is not None:
-      self.log(f"{head}  {split}")
+    for text in more:
+      self.log(f"{head}  {text}")
 
-  def _evaluate(self, r: int, state: Any, metrics_file,
-                train: dict[str, float] | None = None
-               ) -> tuple[str, str | None]:
-    """Scores the held-out clients after round ``r`` (and the test-split
-    clients after the last round and every ``test_split_every``): a record
-    in the history, ``metrics.jsonl`` and the events. Returns the held-out
-    clients' accuracy for the round's line (``scoring.accuracy_text``) and
-    the test-split clients' words (``None`` when they were not scored).
-    ``train``: round ``r``'s scalar training metrics, kept in the record as
-    ``train``."""
-    ev = self.scorers.heldout(state)
-    values = scoring.scalars(ev)
-    if not all(np.isfinite(v) for v in values.values()):
-      self._stop_nonfinite(r, state, f"round {r}: non-finite evaluation of "
-                           "the held-out clients (" + ", ".join(
-                               f"{k} = {v}" for k, v in values.items()
-                               if not np.isfinite(v)) + ")", ("eval.alpha",))
-    interval = ev["accuracy_interval"]
-    record = scoring.heldout_record(ev, self.scorers.heldout_counts,
-                                    self.scorers.heldout_digest, r,
-                                    self.train_losses)
-    if train is not None:
-      record["train"] = train
-    split_text = None
-    if self.scorers.test_split is not None and (
-        self.loop.scores_test_split(r)):
+  def _evaluate(self, r: int, state: Any,
+                train: dict[str, float] | None = None) -> list[str]:
+    """Scores, after round ``r``, the headline and every other evaluation
+    that is due: a record in the history, ``metrics.jsonl`` and the
+    events. Returns their words, the headline's first (its accuracy, for
+    the round's line). ``train``: round ``r``'s scalar training metrics,
+    kept in the record as ``train``."""
+    record = {"round": r, "mean_train_loss": float(np.mean(
+        self.train_losses))}
+    texts, scored = [], set()
+    for name, ev in self.evaluations.items():
+      if ev.score is None or texts and not ev.due(r, self.config.rounds):
+        continue
       t0 = time.perf_counter()
-      split = self.scorers.test_split(state)
-      if not all(np.isfinite(split[k]) for k in ("accuracy", "loss")):
-        self._stop_nonfinite(r, state, f"round {r}: non-finite evaluation "
-                             "of the test-split clients (loss = "
-                             f"{split['loss']})", ("eval.alpha",))
-      record["test_split"] = scoring.test_split_record(
-          split, self.scorers.test_split_digest)
-      self.events.scalars(scoring.finite({
-          "test_split_accuracy": split["accuracy"],
-          "test_split_accuracy_ci_low": split["accuracy_interval"].low,
-          "test_split_accuracy_ci_high": split["accuracy_interval"].high}),
-                          r, "eval/")
-      clients = record["test_split"]["clients"]
-      split_text = (
-          f"test-split accuracy {scoring.accuracy_text(split['accuracy_interval'])}"
-          + (f" across {clients} clients" if clients > 1 else "")
-          + f" ({time.perf_counter() - t0:.1f} s)")
+      metrics = ev.score(state)
+      self._check_finite(r, state, ev, metrics)
+      if texts:
+        record[name] = ev.record(metrics)
+        texts.append(f"{ev.text(metrics)} ({time.perf_counter() - t0:.1f} s)")
+      else:  # the headline
+        record.update(ev.record(metrics))
+        record.update({} if train is None else {"train": train})
+        texts.append(ev.text(metrics))
+      self.events.scalars(scoring.finite(ev.events(metrics)), r, "eval/")
+      scored.add(name)
     record["seconds"] = self.offset + time.perf_counter() - self.start
     self.train_losses = []
     self.history.append(record)
-    metrics_file.write(self.out.record_line(record))
-    metrics_file.flush()
-    self.events.scalars(scoring.finite(
-        {k: values[k] for k in ("accuracy", "accuracy_std", "loss")}
-        | {"accuracy_ci_low": interval.low,
-           "accuracy_ci_high": interval.high}), r, "eval/")
-    return scoring.accuracy_text(interval), split_text
+    self.metrics_file.write(self.out.record_line(record))
+    self.metrics_file.flush()
+    self.scored = scored
+    return texts
 
-  def _finish(self, start_round: int, first_round_seconds: float | None
-             ) -> dict[str, Any]:
-    """Writes ``summary.json`` and logs the final line."""
-    out, loop = self.out, self.loop
+  def _check_finite(self, r: int, state: Any, ev: scoring.Evaluation,
+                    metrics: scoring.Metrics) -> None:
+    """Stops the run, round ``r``'s state saved, where an evaluation's
+    numbers are not finite."""
+    bad = {k: v for k, v in scoring.scalars(metrics).items()
+           if not np.isfinite(v)}
+    if bad:
+      self._stop_nonfinite(r, state, f"round {r}: non-finite evaluation of "
+                           f"{ev.clients} (" + ", ".join(
+                               f"{k} = {v}" for k, v in bad.items()) + ")",
+                           EVAL_STEP)
+
+  def _finish(self, start_round: int) -> dict[str, Any]:
+    """Writes ``summary.json`` and logs the final lines."""
+    out, rounds = self.out, self.config.rounds
     session = time.perf_counter() - self.start
-    rounds_done = loop.rounds - start_round
-    summary = scoring.summary(
-        loop.head, self.history, self.scorers.test_split_summary, {
-            "seconds": self.offset + session,
-            "first_round_seconds": first_round_seconds,
-            "seconds_per_round": (
-                (session - first_round_seconds) / (rounds_done - 1)
-                if rounds_done > 1 else session),
-            "resumed_from_round": start_round})
+    first, rounds_done = self.first_round_seconds, rounds - start_round
+    summary = scoring.summary(self.config.head, self.history,
+                              self.evaluations, {
+        "seconds": self.offset + session, "first_round_seconds": first,
+        "seconds_per_round": ((session - first) / (rounds_done - 1)
+                              if rounds_done > 1 else session),
+        "resumed_from_round": start_round})
     if self.change_records:
       summary["resume_changes"] = self.change_records
     out.write_json("summary.json", summary)
     final = self.history[-1]
-    self.log(f"final test-client accuracy {scoring.format_record(final)}, "
-             f"{counted(loop.rounds, 'round')} in "
-             f"{self.offset + session:.1f} s")
-    if "test_split" in final:
-      self.log("final test-split accuracy "
-               f"{scoring.format_record(final['test_split'])}")
+    for i, (name, ev) in enumerate(self.evaluations.items()):
+      scored = final if i == 0 else final.get(name)
+      if scored is not None:
+        self.log(f"final {ev.title} accuracy "
+                 f"{scoring.format_record(scored)}" + (
+                     f", {counted(rounds, 'round')} in "
+                     f"{self.offset + session:.1f} s" if i == 0 else ""))
     self.log(f"results in {out.path} (summary.json; every evaluation in "
              "full: metrics.jsonl)")
     return summary

@@ -32,7 +32,7 @@ class CRDConfig(fields.Config):
   default) scans well: on a 2-core CPU ``"scan"`` ran the cnn's step 1.35x
   faster than ``"python"`` (benchmarks/RESULTS.md §14). ``experiments.run``
   makes the same choice from the run's ``conv_impl``
-  (``training.presets.crd_loop``).
+  (``training.defaults.crd_loop``).
   """
 
   feat_dim: int = field(128, "embedding size of the two heads and the banks",

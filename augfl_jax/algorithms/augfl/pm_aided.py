@@ -43,8 +43,9 @@ from augfl_jax.algorithms import base
 from augfl_jax.core.types import ClientData, Params
 
 __all__ = [
-    "adaptation_losses", "augfl_pm", "kt_only", "kt_only_step", "label",
-    "PMAidedState", "reg_scale", "server_step_norms", "SPECS", "uses_pm"
+    "adaptation_losses", "augfl_pm", "describe_start", "kt_only",
+    "kt_only_step", "label", "PMAidedState", "reg_scale",
+    "server_step_norms", "SPECS", "uses_pm"
 ]
 
 
@@ -233,10 +234,22 @@ def kt_only(model: nn.Module, config: augfl.AugFLConfig, *,
                   eval_steps=eval_steps, pm=pm, kt_only=True)
 
 
-_own_alpha = lambda config: config.alpha  # held-out clients adapt with it
+def describe_start(config: augfl.AugFLConfig, loss_fn, params: Params,
+                   clients: ClientData) -> str | None:
+  """The dense updates ``auto`` chose for these clients
+  (``factored.choose``), as a run's log shows them; None for a mode given
+  outright."""
+  if config.dense_updates != "auto":
+    return None
+  return (f"dense updates: "
+          f"{factored.choose(config, loss_fn, params, clients)} (auto)")
+
+
+_facts = dict(
+    uses_pm=uses_pm, describe_start=describe_start,
+    eval_alpha=lambda config: config.alpha,  # held-out clients adapt with it
+    pm_weight=lambda config: ("lam", config.lam))  # R_h's weight
 SPECS = (base.AlgorithmSpec("augfl", augfl.AugFLConfig, "regularizer",
-                            augfl_pm, label=label, uses_pm=uses_pm,
-                            eval_alpha=_own_alpha),
+                            augfl_pm, label=label, **_facts),
          base.AlgorithmSpec("kt_only", augfl.AugFLConfig, "regularizer",
-                            kt_only, label="KT-only", uses_pm=uses_pm,
-                            eval_alpha=_own_alpha))
+                            kt_only, label="KT-only", **_facts))

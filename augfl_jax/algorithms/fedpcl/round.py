@@ -72,7 +72,7 @@ from augfl_jax.core.types import Batch, ClientData, Params, PRNGKey
 __all__ = [
     "encode", "EncoderApply", "EVAL_SALT", "fedpcl", "FedPCLConfig",
     "FedPCLState", "init_state", "local_update", "make_evaluate", "make_round",
-    "PREDICTIONS", "SPECS"
+    "PREDICTIONS", "PROJECTOR", "SPECS"
 ]
 
 PREDICTIONS = ("global", "local")
@@ -256,5 +256,7 @@ def fedpcl(model: nn.Module, config: FedPCLConfig, *,
       lambda state: state.init_params)
 
 
+# The clients' projector on the encoder's features: one hidden layer of 256.
+PROJECTOR = ("mlp", {"hidden": (256,), "norm": "none"})
 SPECS = (base.AlgorithmSpec("fedpcl", FedPCLConfig, "encoder", fedpcl,
-                            label="FedPCL"),)
+                            label="FedPCL", head=PROJECTOR),)

@@ -1,5 +1,5 @@
-"""What a resolved configuration asks of the machine and of its models,
-checked before anything is loaded or compiled (:func:`check`, called by
+"""The limits of a run: what a resolved configuration asks of the machine
+and of its models, checked before anything is loaded or compiled (:func:`check`, called by
 ``plan.prepare``), each refusal one line naming the flag:
 
 * every integer fits 32 bits (the index type of JAX's arrays):
@@ -82,7 +82,7 @@ def _gigabytes(size: int) -> str:
 
 
 def check_pm_kwargs(config: RunConfig, kwargs: dict) -> None:
-  """Builds the PM with ``kwargs`` (``presets.model_kwargs``) and traces
+  """Builds the PM with ``kwargs`` (``defaults.model_kwargs``) and traces
   its initialisation on the dataset's example shape (nothing is compiled);
   ``ValueError`` naming ``--pm.kwargs`` when it fails."""
   num_classes = data.DATASETS[config.dataset].num_classes

@@ -1,4 +1,7 @@
-"""Presets: a :class:`RunConfig` with every default filled in.
+"""The defaults of a run: a :class:`RunConfig` with every default filled
+in, and what follows from the resolved fields (a model's keyword
+arguments, how CRD's minibatches run, where a PM is kept, the seed of the
+server split).
 
 :func:`resolve` fills the fields left ``None`` or ``"auto"``, in this order:
 the dataset's preset (``DatasetSpec.preset``), the paper's values
@@ -18,9 +21,8 @@ from typing import Any
 import jax
 
 from augfl_jax import algorithms, data, models
-from augfl_jax.core import client_axis as clients
-from augfl_jax.pm import store as pm
-from augfl_jax.core import fields
+from augfl_jax.core import client_axis, fields
+from augfl_jax.pm import store
 from augfl_jax.training.config import (AUTO, RunConfig, algorithm_config,
                                        pm_role)
 
@@ -70,7 +72,7 @@ def resolve(config: RunConfig) -> RunConfig:
     config = fields.replace(config, **{"pm.model": config.model})
   changes: dict[str, Any] = {}
   if config.strategy == AUTO:
-    changes["strategy"] = clients.default_strategy().name
+    changes["strategy"] = client_axis.default_strategy().name
   if config.conv_impl == AUTO:
     changes["conv_impl"] = models.default_conv_impl()
   if config.crd.loop == AUTO:
@@ -101,7 +103,7 @@ def default_pm_dir(config: RunConfig) -> str:
     name += f"-seed{config.seed}"
   if config.data.partition == "authors":  # its pool: train + test, per pixel
     name += "-authors_pool"
-  return pm.default_pm_dir(PM_ROOT, config.dataset,
+  return store.default_pm_dir(PM_ROOT, config.dataset,
                            f"{name}_e{config.pm.epochs}",
                            config.data.server_size)
 

@@ -1,29 +1,38 @@
-"""A round that never hands back a non-finite state (with the exceptions a
-run stops with: :class:`NonFiniteError`, :class:`RunInterrupted`; the stop
-signals are ``augfl_jax.processes.signals``).
+"""The non-finite guard: :func:`keep_finite` wraps a ``FederatedAlgorithm``
+into one of the same interface whose round never hands back a non-finite
+state (as optax's ``apply_if_finite`` wraps a ``GradientTransformation``).
 
-:func:`guard_round` wraps a round ``(state, clients, participants) ->
-(state, metrics)``: when the new state or a metric holds a NaN or inf it
-returns the state it was given instead, with a per-leaf account of where the
-non-finite values are (:func:`describe` turns it into one sentence: metrics
-by name, state leaves by path, the training clients' rows). Fused, the guard
-and the round are one jitted program that DONATES the state: the selection
-between old and new is fused into the round's outputs, so the duals and
-client models are neither copied nor kept twice.
+When the new state or a metric of a round holds a NaN or inf, the wrapped
+round returns the state it was given instead, and says so in its metrics:
+``metrics[FINITE]`` (a bool) and ``metrics[NONFINITE]``, a per-leaf account
+of where the non-finite values are (:func:`describe` turns it into one
+sentence: metrics by name, state leaves by path, the training clients'
+rows; :func:`split` takes both out of the metrics). Nothing here compiles:
+the caller jits the round (``training.rounds`` does, donating the state:
+the selection between the old and the new state is then fused into the
+round's outputs, so the duals and client models are neither copied nor
+kept twice). A round that cannot be traced (``traceable`` False: a Python
+loop of its own, the CRD server step with ``loop="python"``) runs as it
+is; its check then keeps the previous state until it is done.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax.core import jit
+from augfl_jax.algorithms import FederatedAlgorithm
 from augfl_jax.core.progress import some
 
-__all__ = ["guard_round", "describe", "NonFiniteError", "RunInterrupted"]
+__all__ = ["FINITE", "NONFINITE", "describe", "keep_finite", "split"]
+
+# The wrapped round's metrics: whether the round was finite (its state
+# kept), and where it was not: ``(state_flags, metric_flags)``.
+FINITE, NONFINITE = "finite", "nonfinite"
 
 
 def _is_float(leaf: Any) -> bool:
@@ -60,36 +69,33 @@ def _nonfinite(state: Any, metrics: Any, num_clients: int):
   return ok, state_flags, metric_flags
 
 
-def guard_round(round_fn: Callable[..., tuple[Any, dict[str, jax.Array]]],
-                num_clients: int, *, fused: bool = True) -> Callable[..., Any]:
-  """``guarded(state, clients, participants) -> (state, metrics, ok,
-  flags)``: the round's outputs when they are all finite, else the input
-  state (``ok`` False; ``flags`` as :func:`describe` takes them).
+def keep_finite(algorithm: FederatedAlgorithm) -> FederatedAlgorithm:
+  """``algorithm`` whose round keeps the state it was given when the new
+  state or a metric is not finite; its metrics gain :data:`FINITE` and
+  :data:`NONFINITE` (module docstring). Everything else is
+  ``algorithm``'s, ``traceable`` included: jit the round where it is."""
+  inner = algorithm.round
 
-  Args:
-    round_fn: a round that can be traced (a jitted function is).
-    num_clients: ``C``, the leading axis of the client-stacked state.
-    fused: one jitted program that donates ``state``. ``False`` for a round
-      that runs a Python loop of its own (the CRD server step with
-      ``loop="python"``), which must not be traced into one program: it
-      runs as it is and the previous state is kept until the check.
-  """
-  def guarded(state, clients, participants=None):
-    new, metrics = round_fn(state, clients, participants)
-    ok, state_flags, metric_flags = _nonfinite(new, metrics, num_clients)
-    kept = jax.tree.map(lambda n, o: _select(ok, n, o), new, state)
-    return kept, metrics, ok, (state_flags, metric_flags)
+  def finite_round(state, clients, participants=None):
+    new, metrics = inner(state, clients, participants)
+    ok, state_flags, metric_flags = _nonfinite(
+        new, metrics, clients.num_examples.shape[0])
+    if algorithm.traceable:  # one program: a selection, no copy
+      new = jax.tree.map(lambda n, o: _select(ok, n, o), new, state)
+    elif not bool(ok):
+      new = state
+    return new, {**metrics, FINITE: ok,
+                 NONFINITE: (state_flags, metric_flags)}
 
-  if fused:
-    return jit.hoisted_jit(guarded, donate_first=True)
-  check = jax.jit(lambda new, metrics: _nonfinite(new, metrics, num_clients))
+  return dataclasses.replace(algorithm, round=finite_round)
 
-  def unfused(state, clients, participants=None):
-    new, metrics = round_fn(state, clients, participants)
-    ok, state_flags, metric_flags = check(new, metrics)
-    return (new if bool(ok) else state), metrics, ok, (state_flags,
-                                                       metric_flags)
-  return unfused
+
+def split(metrics: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+  """``(metrics, ok, flags)``: a guarded round's metrics without the
+  guard's two, whether the round was finite and where it was not (as
+  :func:`describe` takes them)."""
+  rest = {k: v for k, v in metrics.items() if k not in (FINITE, NONFINITE)}
+  return rest, metrics[FINITE], metrics[NONFINITE]
 
 
 def describe(flags: Any, participants: np.ndarray | None,
@@ -129,22 +135,3 @@ def describe(flags: Any, participants: np.ndarray | None,
         f" (rows of training {'clients' if len(rows) > 1 else 'client'} "
         f"{some(sorted(rows))})" if rows else ""))
   return "; ".join(parts)
-
-
-class RunInterrupted(Exception):
-  """SIGINT or SIGTERM stopped the run; its state, if any, was saved.
-
-  Attributes: ``signum``, ``round`` (the last completed round) and
-  ``checkpoint`` (the checkpoint the stop saved; ``None`` before round 1,
-  and after a run the signal came too late to stop, which ended as usual).
-  """
-
-  def __init__(self, message: str, signum: int, round_: int,
-               checkpoint_path: str | None):
-    super().__init__(message)
-    self.signum, self.round, self.checkpoint = signum, round_, checkpoint_path
-
-
-class NonFiniteError(FloatingPointError):
-  """A round or an evaluation produced a NaN or inf (the last good state
-  was saved first)."""
