@@ -1,38 +1,32 @@
-"""``--help`` of the experiment commands: the flags grouped by section.
+"""``--help`` of a command: its flags grouped by section.
 
 absl's own ``--help`` lists every flag of the process alphabetically by
 module (hundreds of lines) and exits 1. The commands print instead, and exit
 0: the command's description (its module docstring), the command's own flags
-(``experiments.table2``'s ``--datasets``, ...), the common run flags
-(``--dataset``, ``--algorithm``, ``--rounds``, ``--seed``, ``--output_dir``),
-the rest of the run's top-level fields, the run-control flags, then one group
-per section of ``RunConfig`` (``--data.*``, ``--pm.*``, ..., one per
-algorithm, naming the algorithms that read it). ``--helpfull`` adds the
-flags of absl and the other libraries.
+(``experiments.table2``'s ``--datasets``, a benchmark's ``--clients``, ...),
+then the sections the command gives (``experiments.cli.help_sections``: the
+common run flags, the run-control flags, one group per section of the run's
+configuration, ...). ``--helpfull`` adds the flags of absl and the other
+libraries.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import textwrap
-from typing import Any
+from typing import Any, Sequence
 
 from absl import flags
 
-from augfl_jax.core import fields
-from augfl_jax import algorithms, training
+__all__ = ["HELP_FULL", "HELP_SHORT", "WIDTH", "groups", "print_and_exit",
+           "requested", "text"]
 
-COMMON = ("dataset", "algorithm", "rounds", "seed", "output_dir")
-RUN_CONTROL = ("output_dir", "checkpoint_every", "resume", "overwrite",
-               "resume_changes", "compilation_cache", "compilation_cache_dir",
-               "imports")
-DISTRIBUTED = ("distributed.coordinator", "distributed.num_processes",
-               "distributed.process_id", "distributed.startup_timeout",
-               "distributed.service_port")
 HELP_SHORT = ("-h", "-?", "--help", "-help", "--helpshort", "-helpshort")
 HELP_FULL = ("--helpfull", "-helpfull")
 WIDTH = 80
+
+# A section of the help: its title and the names of its flags, in order.
+Section = tuple[str, Sequence[str]]
 
 
 def requested(argv: list[str]) -> str | None:
@@ -68,50 +62,27 @@ def _describe(flag: flags.Flag) -> str:
                        break_on_hyphens=False)
 
 
-def _own_modules(by_module: dict[str, list[flags.Flag]]) -> set[str]:
-  """The modules of the commands: ``experiments.*`` and the main one (absl
-  names it by its path)."""
-  return {m for m in by_module
-          if m.startswith("experiments.") or m.endswith(".py")}
+def _own_modules(by_module: dict[str, list[flags.Flag]],
+                 packages: tuple[str, ...]) -> set[str]:
+  """The modules of the command: the main one (absl names it by its path)
+  and those whose names start with one of ``packages``
+  (``("experiments.",)``)."""
+  return {m for m in by_module if m.startswith(packages) or m.endswith(".py")}
 
 
-def groups(flag_values: flags.FlagValues, command: str, full: bool = False
+def groups(flag_values: flags.FlagValues, command: str, full: bool = False,
+           sections: Sequence[Section] = (), packages: tuple[str, ...] = ()
           ) -> list[tuple[str, list[str]]]:
-  """``[(title, flag names)]`` in the order ``--help`` prints them; empty
-  groups left out, every flag of the commands in one group."""
-  config = training.config.config_class()()
-  names = [name for name, *_ in fields.walk(config)]
+  """``[(title, flag names)]`` in the order ``--help`` prints them: the
+  flags of the command's own modules (the main one and those of
+  ``packages``) that no section names, then ``sections``; ``full``: then every other module's
+  flags. Flags not defined, and groups left empty, are left out."""
   by_module = flag_values.flags_by_module_dict()
-  own_modules = _own_modules(by_module)
+  own_modules = _own_modules(by_module, packages)
   ours = {f.name for m in own_modules for f in by_module[m]}
-  sections = {}
-  for name in names:
-    head = name.partition(".")[0] if "." in name else ""
-    sections.setdefault(head, []).append(name)
-  readers = {}
-  for algorithm in algorithms.REGISTRY:
-    readers.setdefault(training.config.section_name(config, algorithm),
-                       []).append(algorithm)
-  section_help = {f.name: fields.help_text(f)
-                  for f in dataclasses.fields(config)}
-  # The run's flags are those experiments.cli defines; the command's own
-  # are the rest, a benchmark's --seed or --crd.nce_k among them.
-  run_flags = {f.name for f in by_module.get("experiments.cli", [])}
-  run = lambda members: [n for n in members if n in run_flags]
-  out = [
-      (f"the flags of {command}", sorted(ours - run_flags)),
-      ("common flags", run(COMMON)),
-      ("other run flags", run(n for n in sections[""] if n not in COMMON)),
-      ("run control", run(n for n in RUN_CONTROL if n not in COMMON)),
-      ("across processes or hosts (README)", run(DISTRIBUTED)),
-  ]
-  for head, members in sections.items():
-    if not head:
-      continue
-    title = f"--{head}.*: {section_help[head]}"
-    if head in readers:
-      title += f" (read by --algorithm={', '.join(readers[head])})"
-    out.append((title, run(members)))
+  in_sections = {n for _, members in sections for n in members}
+  out = [(f"the flags of {command}", sorted(ours - in_sections)),
+         *sections]
   if full:
     for module in sorted(set(by_module) - own_modules):
       out.append((f"{module}'s flags", [f.name for f in by_module[module]]))
@@ -121,10 +92,12 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False
 
 
 def text(flag_values: flags.FlagValues, command: str, doc: str | None,
-         full: bool = False) -> str:
+         full: bool = False, sections: Sequence[Section] = (),
+         packages: tuple[str, ...] = ()) -> str:
   """The whole help: ``doc``, then every group of :func:`groups`."""
   lines = [doc.strip(), ""] if doc else []
-  for title, members in groups(flag_values, command, full):
+  for title, members in groups(flag_values, command, full, sections,
+                               packages):
     lines.append(textwrap.fill(title + ":", WIDTH, subsequent_indent="    "))
     lines.extend(_describe(flag_values[n]) for n in members)
     lines.append("")
@@ -136,14 +109,18 @@ def text(flag_values: flags.FlagValues, command: str, doc: str | None,
   return "\n".join(lines).rstrip() + "\n"
 
 
-def print_and_exit(flag_values: flags.FlagValues, kind: str) -> None:
+def print_and_exit(flag_values: flags.FlagValues, kind: str,
+                   sections: Sequence[Section] = (),
+                   packages: tuple[str, ...] = ()) -> None:
   """Prints the help of the running command (its ``__main__`` module) to
-  stdout and exits 0."""
+  stdout (:func:`text`; ``kind``: ``"short"`` or ``"full"``) and exits
+  0."""
   main = sys.modules.get("__main__")
   spec = getattr(main, "__spec__", None)
   command = (f"python -m {spec.name}" if spec is not None and spec.name
              else sys.argv[0])
   sys.stdout.write(text(flag_values, command, getattr(main, "__doc__", None),
-                        full=kind == "full"))
+                        full=kind == "full", sections=sections,
+                        packages=packages))
   sys.stdout.flush()
   sys.exit(0)

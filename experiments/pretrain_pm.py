@@ -39,6 +39,7 @@ from augfl_jax.pm import pretrain, store as pm
 from augfl_jax.core.progress import counted
 from augfl_jax.training import presets, wiring
 from experiments import cli as run_flags
+from experiments import runner
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
 PM_FIELDS = ("dataset", "norm", "conv_impl", "data.data_dir",
@@ -123,7 +124,7 @@ def main(argv):
 
   try:
     with training.StopSignals() as stop:
-      pm_dir, metadata = run_flags.run_command(lambda: pretrain_pm(
+      pm_dir, metadata = runner.run_command(lambda: pretrain_pm(
           run_flags.config_from_flags(), log,
           should_stop=lambda: stop.signum is not None))
       late = stop.take()  # after the last step: the PM is saved

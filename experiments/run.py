@@ -72,6 +72,7 @@ from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-impo
 from augfl_jax import processes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from augfl_jax.processes import group  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments.local_processes import LAUNCHER  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = run_flags.FLAGS
@@ -115,7 +116,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   run_flags.start_command()
-  if not run_flags.run_command(run_flags.start_processes):
+  if not runner.run_command(run_flags.start_processes):
     _main()
     return
   group.hint = f"resume with: {resume_command(sys.argv)}"
@@ -148,7 +149,7 @@ def _main():
 
   try:
     with training.StopSignals() as stop:  # a signal before the run's own
-      run_flags.run_command(body, on_error=group.ending)
+      runner.run_command(body, on_error=group.ending)
       late = stop.take()  # it came in the last round: the run finished
   except training.RunInterrupted as e:
     group.announce_stop(f"interrupted ({_first_line(e)})")

@@ -59,7 +59,7 @@ from augfl_jax.core import fields, intervals, progress
 from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
 from experiments import cli as run_flags
-from experiments import curves, scores
+from experiments import curves, runner, scores
 
 FLAGS = flags.FLAGS
 Cell = dict[str, Any]  # dotted RunConfig field -> value
@@ -420,13 +420,13 @@ def _run_cells(base, cells, seeds, out, names, transform, checkpoint_every,
 
 
 def run_comparison(body: Callable[[], Any]) -> Any:
-  """A comparison command's ``body()`` under ``run_flags.run_command``;
+  """A comparison command's ``body()`` under ``runner.run_command``;
   SIGINT/SIGTERM stops it after the current round of the current run (its
   state saved), or after the run it came too late to stop, with a line
   saying what was saved and the command that continues (the same one: it
   reuses finished runs and resumes the stopped one), exit 128 + signal."""
   try:
-    return run_flags.run_command(body)
+    return runner.run_command(body)
   except training.RunInterrupted as e:
     print(f"interrupted: {e}\ncontinue with: {command_line()}",
           file=sys.stderr)

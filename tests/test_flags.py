@@ -12,8 +12,8 @@ from absl import flags
 
 from augfl_jax.core import fields
 from augfl_jax import algorithms, training
-from experiments import flag_help
 from experiments import cli as run_flags
+from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,7 +46,7 @@ def test_every_old_flag_name_has_a_new_one(run_flag_values):
     assert new, old
     for name in new:  # the same quantity: the old name is its last part,
       assert name in run_flag_values  # or RENAMED says what it became
-      assert (name.rpartition(".")[2] == old or old in run_flags.RENAMED)
+      assert (name.rpartition(".")[2] == old or old in runner.RENAMED)
   assert run_flags.renamed_to("lam", run_flag_values) == [
       "augfl.lam", "fedproto.lam", "fedcp.lam", "fedoa.lam"]
   assert run_flags.renamed_to("alpha", run_flag_values)[0] == "augfl.alpha"
@@ -105,11 +105,11 @@ def test_run_help_groups_every_flag_once_common_first_and_exits_0():
       "PM (read by --algorithm=augfl, kt_only)" in " ".join(
           l.strip() for l in text.splitlines())
   described = _described(text)
-  assert described[:5] == list(flag_help.COMMON)
+  assert described[:5] == list(run_flags.COMMON)
   config_names = [n for n, *_ in fields.walk(training.RunConfig())]
   assert sorted(described) == sorted(config_names +
-                                     list(flag_help.RUN_CONTROL) +
-                                     list(flag_help.DISTRIBUTED))
+                                     list(run_flags.RUN_CONTROL) +
+                                     list(run_flags.DISTRIBUTED))
   # A flag without a default value states its default in its help, as
   # --output_dir does, the same as the docstring and default_output_dir.
   assert "(default: None)" not in text
