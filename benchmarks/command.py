@@ -1,12 +1,13 @@
 """What every benchmark command shares: its flags checked before any work.
 
 :func:`run` defines a command's flags and runs its ``main`` as the
-experiment commands run theirs (``experiments.runner``): a value that a
-flag refuses is one line on stderr naming the flag, the value and what it
-accepts, with exit code 2, before anything is computed; ``--help`` prints
-the command's description and its own flags and exits 0; a user error
-that ``main`` raises (``runner.USER_ERRORS``: a dataset that is not there,
-a file that cannot be written) is one line and exit code 2.
+experiment commands run theirs (``augfl_jax.commands.runner``): a value
+that a flag refuses is one line on stderr naming the flag, the value and
+what it accepts, with exit code 2, before anything is computed;
+``--help`` prints the command's description and its own flags and exits
+0; a user error that ``main`` raises (``runner.USER_ERRORS``: a dataset
+that is not there, a file that cannot be written) is one line and exit
+code 2.
 
 A flag refuses a value by absl's own means where they fit
 (``DEFINE_integer(..., lower_bound=1)``, ``DEFINE_enum``) and otherwise by
@@ -25,8 +26,8 @@ from typing import Any, Callable, Sequence
 from absl import flags
 
 from augfl_jax import training
+from augfl_jax.commands import output_files, runner
 from augfl_jax.core import fields
-from experiments import output_files, runner
 
 
 def run(define_flags: Callable[[], None],

@@ -25,7 +25,7 @@ from typing import Any
 
 from absl import flags
 
-from experiments import output_files, runner
+from augfl_jax.commands import output_files, runner
 
 FLAGS = flags.FLAGS
 # What every result of round_cost records, that a figure reads.

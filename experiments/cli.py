@@ -9,8 +9,9 @@ line on stderr and exit code 2, before anything is loaded or compiled; a
 flag of the names before the configuration had sections (``--lam``,
 ``--num_clients``, ...) gets its new name in that line. ``--help`` prints
 the flags grouped by section and exits 0 (:func:`help_sections`). The
-parsing, the one-line errors and ``--help`` itself are ``experiments.runner``
-and ``experiments.flag_help``, which every command shares.
+parsing, the one-line errors and ``--help`` itself are
+``augfl_jax.commands.runner`` and ``augfl_jax.commands.flag_help``, which
+every command shares.
 
 ``--imports=my_module,path/to/other.py`` (on the command line or in a flag
 file) imports those modules, by name or from their file, before any flag
@@ -38,9 +39,9 @@ from absl import flags
 import jax
 
 from augfl_jax import algorithms, data, models, training
+from augfl_jax.commands import flag_help, runner
 from augfl_jax.processes import group
 from augfl_jax.core import fields
-from experiments import flag_help, runner
 
 FLAGS = flags.FLAGS
 

@@ -57,9 +57,10 @@ from typing import Callable
 
 from absl import flags
 
+from augfl_jax.commands import output_files, runner
 from augfl_jax.core import intervals
 from augfl_jax.training import outputs
-from experiments import output_files, runner, scores
+from experiments import scores
 
 FLAGS = flags.FLAGS
 

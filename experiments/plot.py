@@ -65,8 +65,8 @@ from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from augfl_jax.commands import output_files, runner
 from augfl_jax.core import intervals
-from experiments import output_files, runner
 from experiments.compare import write_output
 from experiments.curves import (ALGORITHM, DATASET, REPEAT_FIELDS,
                                 REPEAT_SECTIONS, SEED, Curve, PlotError,

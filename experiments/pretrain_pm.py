@@ -35,11 +35,11 @@ from absl import flags
 from absl import logging
 
 from augfl_jax import data, models, training
+from augfl_jax.commands import runner
 from augfl_jax.pm import pretrain, store as pm
 from augfl_jax.core.progress import counted
 from augfl_jax.training import presets, wiring
 from experiments import cli as run_flags
-from experiments import runner
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
 PM_FIELDS = ("dataset", "norm", "conv_impl", "data.data_dir",

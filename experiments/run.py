@@ -70,9 +70,9 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 
 from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-import-position
 from augfl_jax import processes  # pylint: disable=g-import-not-at-top,wrong-import-position
+from augfl_jax.commands import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 from augfl_jax.processes import group  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from experiments import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments.local_processes import LAUNCHER  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FLAGS = run_flags.FLAGS

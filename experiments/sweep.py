@@ -55,11 +55,12 @@ from absl import flags
 import numpy as np
 
 from augfl_jax import training
+from augfl_jax.commands import runner
 from augfl_jax.core import fields, intervals, progress
 from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
 from experiments import cli as run_flags
-from experiments import curves, runner, scores
+from experiments import curves, scores
 
 FLAGS = flags.FLAGS
 Cell = dict[str, Any]  # dotted RunConfig field -> value

@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from augfl_jax.commands import output_files
 from augfl_jax.core import intervals
-from experiments import compare, output_files
+from experiments import compare
 from tests.test_scores import _t_interval, _write_run
 
 CHEAP = {0: [18, 17, 19, 15, 20], 1: [16, 18, 19, 17, 18]}

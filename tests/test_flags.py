@@ -12,8 +12,8 @@ from absl import flags
 
 from augfl_jax.core import fields
 from augfl_jax import algorithms, training
+from augfl_jax.commands import runner
 from experiments import cli as run_flags
-from experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,8 +23,8 @@ from absl import flags
 from absl import logging
 
 from augfl_jax import data
+from augfl_jax.commands import flag_help
 from augfl_jax.core import fields
-from experiments import flag_help
 
 __all__ = ["RENAMED", "USER_ERRORS", "main_runner", "parse_flags",
            "parse_flags_and_paths", "quiet_library_logs", "renamed_to",
