@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms.augfl import admm as augfl
 from augfl_jax.core import hvp, tree
 from tests import tiny
 

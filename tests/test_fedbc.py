@@ -11,7 +11,7 @@ from jax.flatten_util import ravel_pytree
 
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import local, tree
-from augfl_jax.algorithms.fedbc import round as fedbc
+from augfl_jax.algorithms.fedbc import method as fedbc
 from tests import tiny
 
 ravel = lambda p: np.asarray(ravel_pytree(p)[0], np.float64)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from augfl_jax import models
-from augfl_jax.algorithms.fedcp import round as fedcp, model as fedcp_model
+from augfl_jax.algorithms.fedcp import method as fedcp, model as fedcp_model
 from tests.test_fedproto import K, init_params, no_key, separable_clients
 
 

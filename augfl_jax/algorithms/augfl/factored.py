@@ -1,6 +1,6 @@
 """AugFL's round with the dense layers' per-client quantities as factors.
 
-The same arithmetic as ``round.make_round`` in another order (finite-
+The same arithmetic as ``admm.make_round`` in another order (finite-
 difference HVP). For a dense kernel each client's ``g_s``, ``r`` and the
 two finite-difference gradients are ``A^T B`` (``augfl_jax.core.
 dense_factors``), so
@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.algorithms.augfl import round as augfl_round
+from augfl_jax.algorithms.augfl import admm as augfl_round
 from augfl_jax.core import checks
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax.core import dense_factors as df

@@ -10,7 +10,7 @@ run's regulariser ``"none"``) is "AugFL w/o PM": no regulariser is needed
 ``kt_only`` is Eq. (13) without the federated term (no client takes part):
 ``theta^{t+1} = theta^t - lam grad R_h(theta^t) / sum_i rho_i``.
 
-The clients' round is ``round.make_round`` on an ``AugFLState``, or
+The clients' round is ``admm.make_round`` on an ``AugFLState``, or
 ``factored.make_round`` on the ``FactoredState`` that ``start`` (the
 method's ``init_from_clients``) makes when ``config.dense_updates`` resolves
 to ``factored`` (``factored.configured_state``; ``init``, which has no
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax.algorithms.augfl import factored
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms.augfl import admm as augfl
 from augfl_jax.core import client_axis as clients_lib
 from augfl_jax import models
 from augfl_jax.algorithms import base
