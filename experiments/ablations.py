@@ -31,7 +31,7 @@ import numpy as np
 from augfl_jax.core import fields
 from augfl_jax import training
 from augfl_jax.core.progress import counted
-from experiments import cli as run_flags
+from experiments import cli
 from experiments import plot, sweep
 
 # PMs of three sizes per kind of dataset (Fig. 9): (pm.model, pm.kwargs).
@@ -121,12 +121,12 @@ def run_study(study: str, base: training.RunConfig, seeds: list[int],
 
 
 def main(argv):
-  del argv  # flags only (run_flags.parse_flags)
-  run_flags.start_command()
+  del argv  # flags only (cli.parse_flags)
+  cli.start_command()
 
   def body():
     sweep.check_run_control()
-    base = run_flags.config_from_flags()
+    base = cli.config_from_flags()
     out = FLAGS.output_dir or (
         f"runs/ablation_{FLAGS.study}_{base.dataset.replace('/', '_')}")
     run_study(FLAGS.study, base, sweep.parse_list(FLAGS.seeds, int, "seeds"),
@@ -139,4 +139,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  run_flags.main_runner(main)
+  cli.main_runner(main)

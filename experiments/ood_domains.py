@@ -21,7 +21,7 @@ import jax
 
 from augfl_jax.core import fields
 from augfl_jax import data, training
-from augfl_jax.algorithms.fedoa import method as fedoa
+from augfl_jax.algorithms import fedoa
 from augfl_jax.data import rotated
 from augfl_jax.training import checkpoints, outputs, rounds, wiring
 from augfl_jax.training.config import algorithm_config

@@ -59,7 +59,7 @@ from augfl_jax.commands import runner
 from augfl_jax.core import fields, intervals, progress
 from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
-from experiments import cli as run_flags
+from experiments import cli
 from experiments import curves, scores
 
 FLAGS = flags.FLAGS
@@ -71,8 +71,8 @@ def define_command_flags(output_dir_default: str) -> None:
   help states ``output_dir_default``, the compilation cache,
   ``--checkpoint_every`` and every ``RunConfig`` field); defined only when
   a command runs."""
-  run_flags.define_config_flags()
-  run_flags.define_run_control_flags(output_dir_default)
+  cli.define_config_flags()
+  cli.define_run_control_flags(output_dir_default)
 
 
 def define_seeds_flag() -> None:
@@ -661,12 +661,12 @@ def _csv_row(cell: str, seed: str, cell_fields: dict[str, Any],
 
 
 def main(argv):
-  del argv  # flags only (run_flags.parse_flags)
-  run_flags.start_command()
+  del argv  # flags only (cli.parse_flags)
+  cli.start_command()
 
   def body():
     check_run_control()
-    base = run_flags.config_from_flags()
+    base = cli.config_from_flags()
     cells = parse_grid(FLAGS.grid)
     seeds = parse_list(FLAGS.seeds, int, "seeds")
     configs = {}
@@ -704,4 +704,4 @@ if __name__ == "__main__":
                       "with, by its name in the table (e.g. augfl.rho=0.7; "
                       "default: the first cell of --grid)")
   define_seeds_flag()
-  run_flags.main_runner(main)
+  cli.main_runner(main)
