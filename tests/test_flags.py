@@ -1,6 +1,8 @@
 """The commands' flags: old names pointing to the new ones, --help grouped
 by section (exit 0), and the warning for flags the run does not read."""
 
+import ast
+import glob
 import json
 import os
 import re
@@ -288,3 +290,48 @@ def test_an_unknown_name_gets_its_near_miss_and_imports(run_flag_values,
   run_flag_values(["prog", f"--{flag}={meant or 'mlp'}"] if flag.endswith(
       "model") or meant else ["prog"])
   cli.config_from_flags(run_flag_values)  # the right name is taken
+
+
+def _imported(path):
+  """The modules the file ``path`` imports (``from augfl_jax import data``:
+  ``augfl_jax.data``), inside functions too."""
+  names = []
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      names += [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names += ([f"{node.module}.{alias.name}" for alias in node.names]
+                if node.module == "augfl_jax" else [node.module])
+  return names
+
+
+def test_the_command_plumbing_stands_below_training():
+  """``augfl_jax.commands`` imports no run configuration (``training``, the
+  methods) and no command folder: ``experiments/``, ``benchmarks/`` and
+  one's own commands import it, and the library under it defines no
+  flags."""
+  paths = sorted(glob.glob(os.path.join(ROOT, "augfl_jax", "commands",
+                                        "*.py")))
+  assert [os.path.basename(p) for p in paths] == [
+      "__init__.py", "flag_help.py", "output_files.py", "runner.py"]
+  rooms = {name.split(".")[1] for path in paths for name in _imported(path)
+           if name.startswith("augfl_jax.")}
+  assert rooms <= {"commands", "core", "data", "storage"}, rooms
+  assert not [name for path in paths for name in _imported(path)
+              if name.split(".")[0] in ("experiments", "benchmarks")]
+  library = [path for path in glob.glob(os.path.join(
+      ROOT, "augfl_jax", "**", "*.py"), recursive=True)
+             if "flags.DEFINE_" in open(path).read()]
+  assert library == []
+
+
+def test_the_benchmarks_import_nothing_of_experiments():
+  """The two command folders stand side by side: what both use is
+  ``augfl_jax.commands`` (a benchmark starts ``experiments.run`` as a
+  process, never imports it)."""
+  imported = [(os.path.basename(path), name)
+              for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks",
+                                                        "*.py")))
+              for name in _imported(path)
+              if name.split(".")[0] == "experiments"]
+  assert imported == []

@@ -75,8 +75,9 @@ def groups(flag_values: flags.FlagValues, command: str, full: bool = False,
           ) -> list[tuple[str, list[str]]]:
   """``[(title, flag names)]`` in the order ``--help`` prints them: the
   flags of the command's own modules (the main one and those of
-  ``packages``) that no section names, then ``sections``; ``full``: then every other module's
-  flags. Flags not defined, and groups left empty, are left out."""
+  ``packages``) that no section names, then ``sections``; ``full``: then
+  every other module's flags. Flags not defined, and groups left empty,
+  are left out."""
   by_module = flag_values.flags_by_module_dict()
   own_modules = _own_modules(by_module, packages)
   ours = {f.name for m in own_modules for f in by_module[m]}
