@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from augfl_jax.algorithms.augfl import factored
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax import models
 from augfl_jax.algorithms import fedavg
 from augfl_jax.algorithms import per_fedavg

@@ -1,12 +1,13 @@
 """What every benchmark command shares: its flags checked before any work.
 
-:func:`run` defines a command's flags and runs its ``main`` under
-``experiments.cli``'s parser, as the experiment commands run: a value that
-a flag refuses is one line on stderr naming the flag, the value and what it
-accepts, with exit code 2, before anything is computed; ``--help`` prints
-the command's description and its own flags and exits 0; a user error
-that ``main`` raises (``cli.USER_ERRORS``: a dataset that is not there, a
-file that cannot be written) is one line and exit code 2.
+:func:`run` defines a command's flags and runs its ``main`` as the
+experiment commands run theirs (``augfl_jax.commands.runner``): a value
+that a flag refuses is one line on stderr naming the flag, the value and
+what it accepts, with exit code 2, before anything is computed;
+``--help`` prints the command's description and its own flags and exits
+0; a user error that ``main`` raises (``runner.USER_ERRORS``: a dataset
+that is not there, a file that cannot be written) is one line and exit
+code 2.
 
 A flag refuses a value by absl's own means where they fit
 (``DEFINE_integer(..., lower_bound=1)``, ``DEFINE_enum``) and otherwise by
@@ -23,27 +24,25 @@ import shlex
 from typing import Any, Callable, Sequence
 
 from absl import flags
-from absl import logging
 
 from augfl_jax import training
+from augfl_jax.commands import output_files, runner
 from augfl_jax.core import fields
-from experiments import cli
-from experiments.compare import check_output_file
 
 
 def run(define_flags: Callable[[], None],
         main: Callable[[list[str]], Any]) -> None:
   """``define_flags()``, then ``main(argv)`` as the experiment commands run
   theirs (module docstring), absl's logs off unless ``--verbosity`` is
-  given (JAX logs, on stderr, which backends it did not find)."""
+  given (``runner.quiet_library_logs``: JAX logs, on stderr, which backends
+  it did not find)."""
   define_flags()
 
   def body(argv: list[str]) -> Any:
-    if not flags.FLAGS["verbosity"].present:
-      logging.set_verbosity(logging.FATAL)
-    return cli.run_command(lambda: main(argv))
+    runner.quiet_library_logs()
+    return runner.run_command(lambda: main(argv))
 
-  cli.main_runner(body)
+  runner.main_runner(body)
 
 
 def check(name: str, test: Callable[[Any], None]) -> None:
@@ -115,13 +114,13 @@ def check_started(code: int, output_dir: str, error: Sequence[str],
 
 def output(name: str = "output") -> None:
   """Refuses a file flag ``name`` that cannot be written (a directory, a
-  missing directory, a read-only one: ``experiments.compare``'s check);
+  missing directory, a read-only one: ``output_files.check_output_file``);
   an empty value (no file) passes."""
 
   def test(path: str | None) -> None:
     if path:
       try:
-        check_output_file(path, f"--{name}")
+        output_files.check_output_file(path, f"--{name}")
       except ValueError as e:  # absl's line names the flag and value
         raise ValueError(str(e).removeprefix(f"--{name}={path}")
                          .lstrip(": ")) from None

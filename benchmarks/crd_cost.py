@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax import models
 from augfl_jax.models.conv import check_conv_impl
 from augfl_jax import transfer
@@ -240,7 +240,7 @@ def run(f: Any = None) -> dict[str, Any]:
     problem = cells.make_problem(f.round_model, "auto", f.clients,
                                  f.examples, f.seed)
     round_state = cells.initial_state("augfl", problem)
-    strategy = clients_lib.as_strategy(None)
+    strategy = client_axis.as_strategy(None)
     round_fn = cells.make_round_fn("augfl", problem, strategy)
     round_fn = round_fn.lower(round_state, problem.clients).compile()
     runners[f"augfl_round_C{f.clients}"] = (

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from augfl_jax.algorithms.augfl import factored
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax import data, models
 from augfl_jax.core import evaluation, intervals
 from augfl_jax.pm import pretrain

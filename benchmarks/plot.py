@@ -23,11 +23,9 @@ import json
 import math
 from typing import Any
 
-from absl import app
 from absl import flags
 
-from experiments import cli
-from experiments.plot import check_output, parse_flags_and_paths
+from augfl_jax.commands import output_files, runner
 
 FLAGS = flags.FLAGS
 # What every result of round_cost records, that a figure reads.
@@ -160,7 +158,7 @@ def plot(results: list[dict[str, Any]], output: str, value: str = "time"
 
 def _plot_files(paths: list[str]) -> None:
   """Plots the results files ``paths`` as the flags say."""
-  check_output(FLAGS.output)
+  output_files.check_figure_file(FLAGS.output)
   results = load(paths)
   plot(results, FLAGS.output, FLAGS.value)
   print(summary(results, FLAGS.value))
@@ -171,7 +169,7 @@ def main(argv: list[str]) -> None:
   """The command: ``argv[1:]`` are the results files; a file that cannot
   be read or an ``--output`` that cannot be written is one line on stderr
   and exit code 2."""
-  cli.run_command(lambda: _plot_files(argv[1:]))
+  runner.run_command(lambda: _plot_files(argv[1:]))
 
 
 if __name__ == "__main__":
@@ -179,4 +177,4 @@ if __name__ == "__main__":
                       ".pdf, .svg, ...), in a directory that exists")
   flags.DEFINE_enum("value", "time", ["time", "memory"], "seconds per "
                     "round, or XLA's memory of a round")
-  app.run(main, flags_parser=parse_flags_and_paths)
+  runner.main_runner(main, runner.parse_flags_and_paths)

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 
 from augfl_jax import models
 from augfl_jax.algorithms.augfl import factored
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from benchmarks import cells
 from benchmarks import command
 
@@ -102,7 +102,7 @@ def define_flags() -> None:
   command.integers("clients", 1)
   command.integers("examples", 1)
   command.each("strategies", "a client strategy (vmap, map, chunked:K, "
-               "sharded[:INNER])", clients_lib.as_strategy)
+               "sharded[:INNER])", client_axis.as_strategy)
   command.choices("conv_impls", ("auto",) + models.CONV_IMPLS)
   command.choices("dense_updates", cells.DENSE_UPDATES)
   command.each("references", "python_loop, torch, torch_vmap, torch:N or "
@@ -215,7 +215,7 @@ def run_group(algorithm: str, model: str, conv_impl: str, num_clients: int,
   for name, mode in keys:
     state = states[mode]
     round_fn = cells.make_round_fn(algorithm, problem,
-                                   clients_lib.as_strategy(name), mode)
+                                   client_axis.as_strategy(name), mode)
     rss_before = _maxrss_mb()
     start = time.perf_counter()
     compiled = round_fn.lower(state, problem.clients).compile()
@@ -276,7 +276,7 @@ def _compile_only(algorithm: str, problem: cells.Problem, state: Any,
                   name: str, mode: str, conv_impl: str, examples: int,
                   flops: float, donate_state: bool) -> dict[str, Any]:
   round_fn = cells.make_round_fn(algorithm, problem,
-                                 clients_lib.as_strategy(name), mode)
+                                 client_axis.as_strategy(name), mode)
   if donate_state:
     round_fn = jax.jit(round_fn, donate_argnums=0)
   start = time.perf_counter()

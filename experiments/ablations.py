@@ -38,7 +38,7 @@ from augfl_jax.core import fields
 from augfl_jax.storage import checkpoint
 from augfl_jax.training import outputs
 from augfl_jax.core.progress import counted
-from experiments import cli as run_flags
+from experiments import cli
 from experiments import plot, scores, sweep
 
 # PMs of three sizes per kind of dataset (Fig. 9): (pm.model, pm.kwargs).
@@ -187,12 +187,12 @@ def run_study(study: str, base: training.RunConfig, seeds: list[int],
 
 
 def main(argv):
-  del argv  # flags only (run_flags.parse_flags)
-  run_flags.start_command()
+  del argv  # flags only (cli.parse_flags)
+  cli.start_command()
 
   def body():
     sweep.check_run_control()
-    base = run_flags.config_from_flags()
+    base = cli.config_from_flags()
     out = FLAGS.output_dir or (
         f"runs/ablation_{FLAGS.study}_{base.dataset.replace('/', '_')}")
     run_study(FLAGS.study, base, sweep.parse_list(FLAGS.seeds, int, "seeds"),
@@ -207,4 +207,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  run_flags.main_runner(main)
+  cli.main_runner(main)

@@ -8,7 +8,10 @@ A flag that cannot be parsed, or a configuration that cannot work, is one
 line on stderr and exit code 2, before anything is loaded or compiled; a
 flag of the names before the configuration had sections (``--lam``,
 ``--num_clients``, ...) gets its new name in that line. ``--help`` prints
-the flags grouped by section and exits 0 (``experiments.flag_help``).
+the flags grouped by section and exits 0 (:func:`help_sections`). The
+parsing, the one-line errors and ``--help`` itself are
+``augfl_jax.commands.runner`` and ``augfl_jax.commands.flag_help``, which
+every command shares.
 
 ``--imports=my_module,path/to/other.py`` (on the command line or in a flag
 file) imports those modules, by name or from their file, before any flag
@@ -21,26 +24,24 @@ every field of its config. An unknown ``--algorithm``, ``--dataset`` or
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.util
-import logging as std_logging
 import os
 import re
 import sys
 import tempfile
-from typing import Any, Callable
+from typing import Callable
 import warnings
 
-from absl import app
 from absl import flags
-from absl import logging
 import jax
 
 from augfl_jax import algorithms, data, models, training
+from augfl_jax.commands import flag_help, runner
 from augfl_jax.processes import group
 from augfl_jax.core import fields
-from experiments import flag_help
 
 FLAGS = flags.FLAGS
 
@@ -259,7 +260,7 @@ def config_from_flags(flag_values: flags.FlagValues = FLAGS
     try:
       config = fields.replace(config, **section_changes)
     except fields.FieldError:
-      raise  # it names its field (run_command prints it as a flag)
+      raise  # it names its field (runner.run_command prints it as a flag)
     except (ValueError, TypeError) as e:
       names = ", ".join(f"--{n}" for n in section_changes)
       raise ValueError(f"{names}: {e}") from None
@@ -414,15 +415,6 @@ def quiet_cache_warnings(directory: str) -> None:
   warnings.showwarning = show
 
 
-def quiet_library_logs() -> None:
-  """absl's logs off unless --verbosity is given: orbax logs every file it
-  touches (reading a checkpoint too)."""
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.FATAL)
-    # asyncio's "Task exception was never retrieved" for orbax's tasks.
-    std_logging.getLogger("asyncio").setLevel(std_logging.CRITICAL)
-
-
 def start_command() -> None:
   """What every command does first: absl logs off unless --verbosity is
   given (orbax logs every file it touches, and logs each failure of a
@@ -431,7 +423,7 @@ def start_command() -> None:
   written is a warning, one line, and the command runs without it; one
   whose entries cannot be read warns in one line
   (:func:`quiet_cache_warnings`)."""
-  quiet_library_logs()
+  runner.quiet_library_logs()
   if FLAGS.compilation_cache:
     try:
       directory = enable_compilation_cache(FLAGS.compilation_cache_dir)
@@ -444,91 +436,81 @@ def start_command() -> None:
       quiet_cache_warnings(directory)
 
 
-# What a command's body may raise that is the user's to fix: one line.
-USER_ERRORS = (ValueError, FloatingPointError, FileNotFoundError, OSError,
-               data.DatasetUnavailableError)
-
-
-def run_command(body: Callable[[], Any],
-                on_error: Callable[[str], str] | None = None) -> Any:
-  """``body()``; a user error ends the process as one line on stderr with
-  exit code 2 instead of a traceback (``on_error`` takes the line first
-  and returns the one printed)."""
-  try:
-    return body()
-  except fields.FieldError as e:  # a field of the run's configuration
-    message = str(fields.FieldError(f'--{e.name}', e.rule))
-  except USER_ERRORS as e:
-    message = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
-  if on_error is not None:
-    message = on_error(message)
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
-# Flags of the names before RunConfig had sections (the run's and
-# pretrain_pm's) whose new names do not end in the old one; the others
-# (--lam -> --augfl.lam, --num_clients -> --data.num_clients) are found by
-# their last part (renamed_to).
-RENAMED = {
-    "adapt_steps": ("eval.steps",), "kt_batch_size": ("crd.batch_size",),
-    "kt_loop": ("crd.loop",), "per_fedavg_variant": ("per_fedavg.variant",),
-    "pm_model": ("pm.model",), "pm_epochs": ("pm.epochs",),
-    "pm_kwargs": ("pm.kwargs",), "pm_dir": ("pm.dir",), "pm_norm": ("norm",),
-}
-
-
 def renamed_to(old: str, flag_values: flags.FlagValues = FLAGS
               ) -> list[str]:
   """The flags of ``flag_values`` that took the place of the unknown flag
-  ``old``: :data:`RENAMED`, else those whose last dotted part is ``old``,
-  the algorithms' sections first (``alpha`` -> ``augfl.alpha``,
+  ``old`` (``runner.renamed_to``): the run's configuration's fields, the
+  algorithms' sections first (``alpha`` -> ``augfl.alpha``,
   ``per_fedavg.alpha``, ``fedbc.alpha``, ``eval.alpha``)."""
-  if old in RENAMED:
-    return [n for n in RENAMED[old] if n in flag_values]
   config = training.config.config_class()()
-  algorithm_sections = {training.config.section_name(config, algorithm)
-                        for algorithm in algorithms.REGISTRY}
-  names = [name for name, *_ in fields.walk(config)
-           if "." in name and name.rpartition(".")[2] == old
-           and name in flag_values]
-  return sorted(names, key=lambda n: n.partition(".")[0]
-                not in algorithm_sections)
+  return runner.renamed_to(
+      old, flag_values, names=[name for name, *_ in fields.walk(config)],
+      first={training.config.section_name(config, algorithm)
+             for algorithm in algorithms.REGISTRY})
 
 
-def _unknown_flag(error: flags.UnrecognizedFlagError) -> str:
-  """``unknown flag --lam; it is now --augfl.lam, or ...``, or absl's
-  message for a flag that never was one."""
-  new = renamed_to(error.flagname)
-  if not new:
-    return str(error).splitlines()[0]
-  others = (", or " + ", ".join(f"--{n}" for n in new[1:]) +
-            " (each section has its own)") if len(new) > 1 else ""
-  return f"unknown flag --{error.flagname}; it is now --{new[0]}{others}"
+# --help's groups of the run's flags (help_sections): the common ones first.
+COMMON = ("dataset", "algorithm", "rounds", "seed", "output_dir")
+RUN_CONTROL = ("output_dir", "checkpoint_every", "resume", "overwrite",
+               "resume_changes", "compilation_cache", "compilation_cache_dir",
+               "imports")
+DISTRIBUTED = ("distributed.coordinator", "distributed.num_processes",
+               "distributed.process_id", "distributed.startup_timeout",
+               "distributed.service_port")
+# The modules whose flags --help lists as the command's own (the experiment
+# commands'), but for the run's flags, which this module defines.
+COMMANDS = (__name__.rpartition(".")[0] + ".",)
+
+
+def help_sections(flag_values: flags.FlagValues = FLAGS
+                 ) -> list[tuple[str, list[str]]]:
+  """``--help``'s groups of the run's flags (those this module defines),
+  after the command's own: the common flags, the rest of the run's
+  top-level fields, the run-control flags, those of a run across
+  processes, then one group per section of ``RunConfig`` (``--data.*``,
+  ``--pm.*``, ..., one per algorithm, naming the algorithms that read
+  it)."""
+  config = training.config.config_class()()
+  sections = {}
+  for name, *_ in fields.walk(config):
+    head = name.partition(".")[0] if "." in name else ""
+    sections.setdefault(head, []).append(name)
+  readers = {}
+  for algorithm in algorithms.REGISTRY:
+    readers.setdefault(training.config.section_name(config, algorithm),
+                       []).append(algorithm)
+  section_help = {f.name: fields.help_text(f)
+                  for f in dataclasses.fields(config)}
+  # A command's own flags of a run's name (a benchmark's --seed) are not
+  # the run's.
+  run_flags = {f.name for f in
+               flag_values.flags_by_module_dict().get(__name__, [])}
+  run = lambda members: [n for n in members if n in run_flags]
+  out = [
+      ("common flags", run(COMMON)),
+      ("other run flags", run(n for n in sections[""] if n not in COMMON)),
+      ("run control", run(n for n in RUN_CONTROL if n not in COMMON)),
+      ("across processes or hosts (README)", run(DISTRIBUTED)),
+  ]
+  for head, members in sections.items():
+    if not head:
+      continue
+    title = f"--{head}.*: {section_help[head]}"
+    if head in readers:
+      title += f" (read by --algorithm={', '.join(readers[head])})"
+    out.append((title, run(members)))
+  return out
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, but a flag that cannot be parsed (``--rounds=1.5``,
-  ``--augfl.rho=abc``, an unknown flag: :func:`renamed_to`) or an argument
-  that is not a flag (the commands take none) is one line on stderr and
-  exit 2; ``--help`` prints :mod:`experiments.flag_help`'s help and exits
-  0."""
+  """``runner.parse_flags`` with the run's flags: ``--help`` groups them by
+  section (:func:`help_sections`), and an unknown flag of a name before
+  the configuration had sections names the one that took its place
+  (:func:`renamed_to`)."""
   kind = flag_help.requested(argv)
   if kind is not None:
-    flag_help.print_and_exit(FLAGS, kind)
-  try:
-    rest = FLAGS(argv)
-  except flags.UnrecognizedFlagError as e:
-    print(f"error: {_unknown_flag(e)}", file=sys.stderr)
-    sys.exit(2)
-  except flags.Error as e:
-    print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-    sys.exit(2)
-  if len(rest) > 1:
-    print(f"error: unexpected arguments: {' '.join(rest[1:])} (every "
-          "option is a --flag)", file=sys.stderr)
-    sys.exit(2)
-  return rest
+    flag_help.print_and_exit(FLAGS, kind, help_sections(), COMMANDS)
+  return runner.parse_flags(argv, renamed_to)
 
 
 def unread_flags_warning(plan: training.Plan,
@@ -554,6 +536,6 @@ def unread_flags_warning(plan: training.Plan,
 
 
 def main_runner(main: Callable[[list[str]], None]) -> None:
-  """``app.run(main)`` with :func:`parse_flags` (for a command that takes
-  flags only)."""
-  app.run(main, flags_parser=parse_flags)
+  """``runner.main_runner`` with :func:`parse_flags` (for a command that
+  takes flags only)."""
+  runner.main_runner(main, parse_flags)

@@ -53,14 +53,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Callable
 
 from absl import flags
 
+from augfl_jax.commands import output_files, runner
 from augfl_jax.core import intervals
 from augfl_jax.training import outputs
-from experiments import cli, scores
+from experiments import scores
 
 FLAGS = flags.FLAGS
 
@@ -128,33 +128,6 @@ def parse_seeds(values: list[str] | None) -> list[int] | None:
     raise ValueError(f"--seeds: {', '.join(map(str, twice))} named twice; "
                      "name each seed once")
   return seeds
-
-
-def check_output_file(path: str, flag: str = "--output") -> None:
-  """Checks, before any work, that the file ``path`` can be written: not a
-  directory, in a directory that exists and where a file can be created.
-
-  Raises:
-    ValueError: one line saying what is wrong with ``path``.
-  """
-  full = os.path.abspath(path)
-  parent = os.path.dirname(full)
-  if os.path.isdir(full):
-    raise ValueError(f"{flag}={path} is a directory: name a file in it")
-  if not os.path.isdir(parent):
-    what = ("is not a directory" if os.path.exists(parent)
-            else "does not exist: create it first")
-    raise ValueError(f"{flag}={path}: {parent} {what}")
-  if os.path.exists(full) and not (os.path.isfile(full)
-                                   and os.access(full, os.W_OK)):
-    raise ValueError(f"{flag}={path}: it exists and is not a file that can "
-                     "be written; name another")
-  try:
-    with tempfile.NamedTemporaryFile(dir=parent, prefix=".probe-"):
-      pass
-  except OSError as e:
-    raise ValueError(f"{flag}={path}: a file cannot be created in {parent} "
-                     f"({e.strerror or e}); name another directory") from None
 
 
 def run_dirs(runs: dict[str, str], seeds: list[int] | None
@@ -409,7 +382,7 @@ def plot_by_round(curves: dict[str, tuple[list[int], list]],
 def _main() -> None:
   for path, flag in ((FLAGS.output, "--output"), (FLAGS.figure, "--figure")):
     if path:
-      check_output_file(path, flag)
+      output_files.check_output_file(path, flag)
   if FLAGS.figure and not FLAGS.by_round:
     raise ValueError("--figure draws --by_round's differences: add "
                      "--by_round")
@@ -452,11 +425,11 @@ def write_output(path: str, write: Callable[[str], None],
 
 
 def main(argv: list[str]) -> None:
-  del argv  # flags only (cli.parse_flags)
-  cli.quiet_library_logs()  # orbax's, as the runs' checkpoints are read
-  cli.run_command(_main)
+  del argv  # flags only (runner.parse_flags)
+  runner.quiet_library_logs()  # orbax's, as the runs' checkpoints are read
+  runner.run_command(_main)
 
 
 if __name__ == "__main__":
   define_flags()
-  cli.main_runner(main)
+  runner.main_runner(main)

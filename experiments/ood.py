@@ -56,7 +56,7 @@ import numpy as np
 from augfl_jax.core import fields
 from augfl_jax import algorithms, training
 from augfl_jax.data import rotated
-from experiments import cli as run_flags
+from experiments import cli
 from experiments import sweep
 from experiments.ood_domains import (Protocol, check_protocol, domains,
                                      held_out_indices, leave_out,
@@ -239,8 +239,8 @@ def define_flags() -> None:
 
 
 def main(argv):
-  del argv  # flags only (run_flags.parse_flags)
-  run_flags.start_command()
+  del argv  # flags only (cli.parse_flags)
+  cli.start_command()
   out = FLAGS.output_dir or "runs/ood"
 
   def body():
@@ -252,7 +252,7 @@ def main(argv):
         shared_images=FLAGS.shared_images)
     held_out = (None if FLAGS.held_out is None
                 else sweep.parse_list(FLAGS.held_out, float, "held_out"))
-    return run_ood(run_flags.config_from_flags(),
+    return run_ood(cli.config_from_flags(),
                    sweep.distinct(FLAGS.datasets, "--datasets"),
                    sweep.distinct(FLAGS.algorithms, "--algorithms"), held_out,
                    sweep.parse_list(FLAGS.seeds, int, "seeds"), out, protocol,
@@ -265,4 +265,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  run_flags.main_runner(main)
+  cli.main_runner(main)

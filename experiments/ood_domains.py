@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from augfl_jax.core import fields
 from augfl_jax import data, training
-from augfl_jax.algorithms.fedoa import round as fedoa
+from augfl_jax.algorithms import fedoa
 from augfl_jax.data import rotated
 from augfl_jax.training import checkpoints, outputs
 

@@ -54,23 +54,20 @@ import logging as std_logging
 import math
 import os
 import pathlib
-import sys
 import textwrap
 from typing import Sequence
 
-from absl import app
 from absl import flags
 import matplotlib
 
 matplotlib.use("Agg")
-from matplotlib import backend_bases  # pylint: disable=g-import-not-at-top
 from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from augfl_jax.commands import output_files, runner
 from augfl_jax.core import intervals
-from experiments import cli, flag_help
-from experiments.compare import check_output_file, write_output
+from experiments.compare import write_output
 from experiments.curves import (ALGORITHM, DATASET, REPEAT_FIELDS,
                                 REPEAT_SECTIONS, SEED, Curve, PlotError,
                                 find_runs, flatten, group_curves, load_run)
@@ -84,12 +81,8 @@ __all__ = [  # the grouping's names, re-exported
 
 FLAGS = flags.FLAGS
 
-# The formats --output may name (of those matplotlib writes; not pgf, which
-# needs LaTeX, nor raw RGBA).
-FORMATS = tuple(
-    f for f in ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif",
-                "tiff", "webp")
-    if f in backend_bases.FigureCanvasBase.get_supported_filetypes())
+# The formats --output may name.
+FORMATS = output_files.figure_formats()
 
 # An accuracy's recorded 95% interval across clients: its two ends' keys.
 _CLIENT_INTERVALS = {"accuracy": ("accuracy_ci_low", "accuracy_ci_high"),
@@ -463,19 +456,16 @@ def values_table(curves: Sequence[Curve], panels: Sequence[str] = ()
 
 def check_output(output: str) -> None:
   """Checks, before any work, that the figure can be written to
-  ``output``: a suffix of :data:`FORMATS`, and
-  ``compare.check_output_file``'s checks.
+  ``output``: ``output_files.check_figure_file``'s checks (a suffix of
+  :data:`FORMATS`).
 
   Raises:
     PlotError: one line saying what is wrong.
   """
   try:
-    check_output_file(output)
+    output_files.check_figure_file(output)
   except ValueError as e:
     raise PlotError(str(e)) from None
-  if os.path.splitext(output)[1][1:].lower() not in FORMATS:
-    raise PlotError(f"--output={output}: name a file whose suffix is a "
-                    "format matplotlib writes (." + ", .".join(FORMATS) + ")")
 
 
 def plot_curves(curves: Sequence[Curve], output: str, title: str = "",
@@ -507,21 +497,6 @@ def write_figure(fig, output: str) -> None:
     raise PlotError(str(e)) from None
 
 
-def parse_flags_and_paths(argv: list[str]) -> list[str]:
-  """``experiments.cli.parse_flags`` for a command whose arguments that are
-  not flags are paths: they are returned (after ``argv[0]``), not refused;
-  a flag that cannot be parsed is one line on stderr and exit 2, and
-  ``--help`` prints the command's help and exits 0."""
-  kind = flag_help.requested(argv)
-  if kind is not None:
-    flag_help.print_and_exit(FLAGS, kind)
-  try:
-    return FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-    sys.exit(2)
-
-
 def _figure_options() -> dict:
   """``make_figure``'s options from ``--panels``, ``--figsize`` and
   ``--font_size``, checked (:class:`PlotError`, one line)."""
@@ -535,7 +510,7 @@ def _plot(paths: list[str]) -> None:
   check_output(FLAGS.output)
   if FLAGS.table:
     try:
-      check_output_file(FLAGS.table, "--table")
+      output_files.check_output_file(FLAGS.table, "--table")
     except ValueError as e:
       raise PlotError(str(e)) from None
   options = _figure_options()
@@ -570,7 +545,7 @@ def _plot(paths: list[str]) -> None:
 def main(argv: list[str]) -> None:
   # fontTools, subsetting a PDF's fonts, logs each step at INFO
   std_logging.getLogger("fontTools").setLevel(std_logging.WARNING)
-  cli.run_command(lambda: _plot(argv[1:]))
+  runner.run_command(lambda: _plot(argv[1:]))
 
 
 if __name__ == "__main__":
@@ -594,4 +569,4 @@ if __name__ == "__main__":
                     "e.g. 7,2.5; default: 3.2 by 2.5 a panel, and the legend")
   flags.DEFINE_float("font_size", None, "the font size in points; default: "
                      "matplotlib's (10)")
-  app.run(main, flags_parser=parse_flags_and_paths)
+  runner.main_runner(main, runner.parse_flags_and_paths)

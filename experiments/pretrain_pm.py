@@ -35,10 +35,11 @@ from absl import flags
 from absl import logging
 
 from augfl_jax import data, models, training
-from augfl_jax.pm import pretrain, store as pm
+from augfl_jax.commands import runner
+from augfl_jax.pm import pretrain, store
 from augfl_jax.core.progress import counted
 from augfl_jax.training import defaults, pm_roles
-from experiments import cli as run_flags
+from experiments import cli
 
 # The RunConfig fields that decide the PM (experiments.run's flags).
 PM_FIELDS = ("dataset", "norm", "conv_impl", "data.data_dir",
@@ -53,7 +54,7 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """The run's flags of ``PM_FIELDS``; defined only when the command
   runs."""
-  run_flags.define_config_flags(only=PM_FIELDS)
+  cli.define_config_flags(only=PM_FIELDS)
 
 
 def resolve_pm(config: training.RunConfig) -> training.RunConfig:
@@ -107,7 +108,7 @@ def pretrain_pm(config: training.RunConfig, log=print,
   server = {"x": dataset.x[server_idx], "y": dataset.y[server_idx]}
   log(f"pretraining {name} on the first {server_size} examples of "
       f"{run.dataset} for {counted(recipe.epochs, 'epoch')}")
-  _, metadata = pm.pretrain_and_save(
+  _, metadata = store.pretrain_and_save(
       pm_dir, model=model, model_name=name, dataset_name=run.dataset,
       server=server, server_size=server_size,
       split_seed=defaults.server_split_seed(run), config=recipe, log=log,
@@ -116,15 +117,15 @@ def pretrain_pm(config: training.RunConfig, log=print,
 
 
 def main(argv):
-  del argv  # flags only (run_flags.parse_flags)
+  del argv  # flags only (cli.parse_flags)
   if not FLAGS["verbosity"].present:  # orbax logs every file it writes
     logging.set_verbosity(logging.ERROR)
   log = lambda line: print(line, flush=True)
 
   try:
     with training.StopSignals() as stop:
-      pm_dir, metadata = run_flags.run_command(lambda: pretrain_pm(
-          run_flags.config_from_flags(), log,
+      pm_dir, metadata = runner.run_command(lambda: pretrain_pm(
+          cli.config_from_flags(), log,
           should_stop=lambda: stop.signum is not None))
       late = stop.take()  # after the last step: the PM is saved
   except pretrain.Stopped as e:
@@ -149,4 +150,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  run_flags.main_runner(main)
+  cli.main_runner(main)

@@ -70,15 +70,16 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 
 from augfl_jax import training  # pylint: disable=g-import-not-at-top,wrong-import-position
 from augfl_jax import processes  # pylint: disable=g-import-not-at-top,wrong-import-position
+from augfl_jax.commands import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 from augfl_jax.processes import group  # pylint: disable=g-import-not-at-top,wrong-import-position
-from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from experiments import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments.local_processes import LAUNCHER  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-FLAGS = run_flags.FLAGS
-run_flags.define_config_flags()
-run_flags.define_run_control_flags()
-run_flags.define_distributed_flags()
-flags.adopt_module_key_flags(run_flags)  # --help lists them
+FLAGS = cli.FLAGS
+cli.define_config_flags()
+cli.define_run_control_flags()
+cli.define_distributed_flags()
+flags.adopt_module_key_flags(cli)  # --help lists them
 
 
 def resume_command(argv: list[str], resume: bool = True) -> str:
@@ -114,8 +115,8 @@ def _first_line(e: BaseException) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  run_flags.start_command()
-  if not run_flags.run_command(run_flags.start_processes):
+  cli.start_command()
+  if not runner.run_command(cli.start_processes):
     _main()
     return
   group.hint = f"resume with: {resume_command(sys.argv)}"
@@ -136,19 +137,19 @@ def main(argv):
 
 def _main():
   def body():
-    plan = training.prepare(run_flags.config_from_flags())
-    warning = run_flags.unread_flags_warning(plan)
+    plan = training.prepare(cli.config_from_flags())
+    warning = cli.unread_flags_warning(plan)
     if warning and processes.is_writer():
       print(warning, file=sys.stderr, flush=True)
     return training.run(
-        plan, FLAGS.output_dir or run_flags.default_output_dir(plan.config),
+        plan, FLAGS.output_dir or cli.default_output_dir(plan.config),
         log=_log, checkpoint_every=FLAGS.checkpoint_every,
         resume=FLAGS.resume, overwrite=FLAGS.overwrite,
         resume_changes=FLAGS.resume_changes, live=sys.stdout.isatty())
 
   try:
     with training.StopSignals() as stop:  # a signal before the run's own
-      run_flags.run_command(body, on_error=group.ending)
+      runner.run_command(body, on_error=group.ending)
       late = stop.take()  # it came in the last round: the run finished
   except training.RunInterrupted as e:
     group.announce_stop(f"interrupted ({_first_line(e)})")
@@ -175,4 +176,4 @@ def _main():
 
 
 if __name__ == "__main__":
-  run_flags.main_runner(main)
+  cli.main_runner(main)

@@ -56,10 +56,11 @@ from absl import flags
 import numpy as np
 
 from augfl_jax import training
+from augfl_jax.commands import runner
 from augfl_jax.core import fields, intervals, progress
 from augfl_jax.storage import locks
 from augfl_jax.training import checkpoints, outputs
-from experiments import cli as run_flags
+from experiments import cli
 from experiments import curves, scores
 
 FLAGS = flags.FLAGS
@@ -71,8 +72,8 @@ def define_command_flags(output_dir_default: str) -> None:
   help states ``output_dir_default``, the compilation cache,
   ``--checkpoint_every`` and every ``RunConfig`` field); defined only when
   a command runs."""
-  run_flags.define_config_flags()
-  run_flags.define_run_control_flags(output_dir_default)
+  cli.define_config_flags()
+  cli.define_run_control_flags(output_dir_default)
 
 
 def define_seeds_flag() -> None:
@@ -451,13 +452,13 @@ def _run_cells(runs, out, transform, checkpoint_every, log,
 
 
 def run_comparison(body: Callable[[], Any]) -> Any:
-  """A comparison command's ``body()`` under ``run_flags.run_command``;
+  """A comparison command's ``body()`` under ``runner.run_command``;
   SIGINT/SIGTERM stops it after the current round of the current run (its
   state saved), or after the run it came too late to stop, with a line
   saying what was saved and the command that continues (the same one: it
   reuses finished runs and resumes the stopped one), exit 128 + signal."""
   try:
-    return run_flags.run_command(body)
+    return runner.run_command(body)
   except training.RunInterrupted as e:
     print(f"interrupted: {e}\ncontinue with: {command_line()}",
           file=sys.stderr)
@@ -692,12 +693,12 @@ def _csv_row(cell: str, seed: str, cell_fields: dict[str, Any],
 
 
 def main(argv):
-  del argv  # flags only (run_flags.parse_flags)
-  run_flags.start_command()
+  del argv  # flags only (cli.parse_flags)
+  cli.start_command()
 
   def body():
     check_run_control()
-    base = run_flags.config_from_flags()
+    base = cli.config_from_flags()
     cells = parse_grid(FLAGS.grid)
     seeds = parse_list(FLAGS.seeds, int, "seeds")
     for cell in cells:  # every cell's configuration, before any run
@@ -735,4 +736,4 @@ if __name__ == "__main__":
                       "with, by its name in the table (e.g. augfl.rho=0.7; "
                       "default: the first cell of --grid)")
   define_seeds_flag()
-  run_flags.main_runner(main)
+  cli.main_runner(main)

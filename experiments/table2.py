@@ -64,7 +64,7 @@ from absl import flags
 from augfl_jax import algorithms, training
 from augfl_jax.core import fields, intervals
 from augfl_jax.training import outputs
-from experiments import cli as run_flags
+from experiments import cli
 from experiments import scores, sweep
 
 # Table II's columns, then the two other methods of this library: the
@@ -451,14 +451,14 @@ def _scored_on(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv):
-  del argv  # flags only (run_flags.parse_flags)
-  run_flags.start_command()
+  del argv  # flags only (cli.parse_flags)
+  cli.start_command()
   out = FLAGS.output_dir or "runs/table2"
   results_dir = FLAGS.results_dir or default_results_dir(out)
 
   def body():
     sweep.check_run_control()
-    return run_table(run_flags.config_from_flags(), FLAGS.datasets,
+    return run_table(cli.config_from_flags(), FLAGS.datasets,
                      FLAGS.methods, sweep.parse_list(FLAGS.seeds, int,
                                                      "seeds"), out,
                      checkpoint_every=FLAGS.checkpoint_every,
@@ -472,4 +472,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  run_flags.main_runner(main)
+  cli.main_runner(main)

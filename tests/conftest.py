@@ -60,8 +60,8 @@ def compile_cache(tmp_path_factory):
   directory (``XDG_CACHE_HOME``, yielded) for this process and its
   subprocesses; a module opts in with
   ``pytestmark = pytest.mark.usefixtures("compile_cache")``."""
-  from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top
+  from experiments import cli  # pylint: disable=g-import-not-at-top
   xdg = tmp_path_factory.getbasetemp() / "xdg"
-  run_flags.enable_compilation_cache(str(xdg / "augfl_jax" / "jax_cache"))
+  cli.enable_compilation_cache(str(xdg / "augfl_jax" / "jax_cache"))
   yield str(xdg)
-  run_flags.disable_compilation_cache()
+  cli.disable_compilation_cache()

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from augfl_jax import models
-from augfl_jax.pm import store as pm, pretrain
+from augfl_jax.pm import pretrain, store
 
 # What a digits run expects of its PM: the server split and the recipe.
 DIGITS = {"dataset": "digits", "server_size": 400, "epochs": 30}
@@ -26,7 +26,7 @@ def save(path: str, module, name: str, *, params=None, dataset="digits",
         lambda s: rng.normal(0, 0.1, s.shape).astype(s.dtype), shapes)
   variables = {"params": params,
                "batch_stats": models.init_batch_stats(module, input_shape)}
-  pm.save_pm(path, variables, pm.pm_metadata(
-      dataset, name, server_size, 0, model_kwargs=pm.model_kwargs(module),
+  store.save_pm(path, variables, store.pm_metadata(
+      dataset, name, server_size, 0, model_kwargs=store.model_kwargs(module),
       config=pretrain.PretrainConfig(model=name, epochs=epochs)))
   return path

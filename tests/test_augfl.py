@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax.core import hvp, tree
 from tests import tiny
 
@@ -199,14 +199,14 @@ def test_padding_changes_nothing():
 
 @pytest.mark.parametrize("strategy", ["map", "chunked"])
 def test_strategies_and_python_loop_agree(strategy):
-  from augfl_jax.core import client_axis as clients_lib
+  from augfl_jax.core import client_axis
   clients = tiny.client_data(seed=6, num_clients=5)
   theta0 = tiny.init(jax.random.key(5))
   config = augfl.AugFLConfig(alpha=ALPHA, rho=RHO)
   state0 = augfl.init_state(theta0, 5)
   ref, ref_metrics = augfl.make_round(tiny.loss_fn, config, "vmap")(
       state0, clients)
-  other = clients_lib.ClientStrategy(strategy, chunk_size=2)
+  other = client_axis.ClientStrategy(strategy, chunk_size=2)
   got, metrics = augfl.make_round(tiny.loss_fn, config, other)(state0, clients)
   # Same float32 arithmetic in another order: agreement to ~1e-6.
   chex.assert_trees_all_close(got, ref, atol=1e-6, rtol=1e-5)

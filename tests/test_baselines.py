@@ -87,7 +87,7 @@ def test_per_fedavg_meta_step_against_direct_computation(variant, method):
 @pytest.mark.parametrize("algo", [
     "fedavg", pytest.param("per_fedavg", marks=pytest.mark.slow)])
 def test_strategies_agree_and_seed_controls_randomness(algo):
-  from augfl_jax.core import client_axis as clients_lib
+  from augfl_jax.core import client_axis
   clients = tiny.client_data(seed=4, num_clients=4)
   theta = tiny.init(jax.random.key(2))
   module = {"fedavg": fedavg, "per_fedavg": per_fedavg}[algo]
@@ -97,7 +97,7 @@ def test_strategies_agree_and_seed_controls_randomness(algo):
       tiny.loss_fn, config, strategy)(
           module.init_state(theta, jax.random.key(seed)), clients)[0]
   ref = run("vmap", 0)
-  chex.assert_trees_all_close(run(clients_lib.ClientStrategy("map"), 0).params,
+  chex.assert_trees_all_close(run(client_axis.ClientStrategy("map"), 0).params,
                               ref.params, atol=1e-6, rtol=1e-5)
   chex.assert_trees_all_close(run("vmap", 0).params, ref.params, atol=0, rtol=0)
   assert not np.allclose(jax.flatten_util.ravel_pytree(run("vmap", 1).params)[0],

@@ -65,7 +65,7 @@ def test_default_strategy_per_backend():
 def test_rounds_default_to_the_backend_strategy():
   """``make_round`` / evaluators without a strategy run
   ``default_strategy()``: the same program as naming it."""
-  from augfl_jax.algorithms.augfl import round as augfl
+  from augfl_jax.algorithms import augfl
   from augfl_jax.core import evaluation
   from tests import tiny
   data = tiny.client_data(seed=0, num_clients=3, pad_to=6)
@@ -172,7 +172,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp, numpy as np
-    from augfl_jax.algorithms.augfl import round as augfl
+    from augfl_jax.algorithms import augfl
     from augfl_jax.core import client_axis as clients
     from augfl_jax.core.types import ClientData
     from tests import tiny
@@ -216,7 +216,7 @@ def test_sharded_on_8_fake_devices_matches_single_device():
 
 def test_sharded_on_the_real_devices():
   """One AugFL round sharded over this process's real devices == vmap."""
-  from augfl_jax.algorithms.augfl import round as augfl  # pylint: disable=g-import-not-at-top
+  from augfl_jax.algorithms import augfl  # pylint: disable=g-import-not-at-top
   from tests import tiny  # pylint: disable=g-import-not-at-top
   devices = jax.devices()
   if len(devices) < 2:

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from augfl_jax.commands import output_files
 from augfl_jax.core import intervals
 from experiments import compare
 from tests.test_scores import _t_interval, _write_run
@@ -172,9 +173,9 @@ def test_the_output_file_is_checked_before_any_work(tmp_path):
       (tmp_path / "file" / "x.md", "is not a directory"),
       ("/proc/x.md", "a file cannot be created in /proc")]:
     with pytest.raises(ValueError, match=message):
-      compare.check_output_file(str(output))
-  compare.check_output_file(str(tmp_path / "x.md"))
-  compare.check_output_file(str(tmp_path / "file"))  # replaced
+      output_files.check_output_file(str(output))
+  output_files.check_output_file(str(tmp_path / "x.md"))
+  output_files.check_output_file(str(tmp_path / "file"))  # replaced
   assert os.listdir(tmp_path) == ["file"]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from augfl_jax import algorithms, models
 from augfl_jax.algorithms.augfl import factored
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax.core import dense_factors as df
 from augfl_jax.core import tree
 from augfl_jax.core.types import ClientData

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax.core import distributed
 from augfl_jax.processes import local
 from tests import tiny
@@ -39,7 +39,7 @@ _WORKER = textwrap.dedent("""
                                initialization_timeout=120)
     import numpy as np
     from jax.experimental import multihost_utils
-    from augfl_jax.algorithms.augfl import round as augfl
+    from augfl_jax.algorithms import augfl
     from augfl_jax.core import client_axis as clients, distributed
     from tests import tiny
     assert jax.process_count() == 2 and jax.device_count() == 8

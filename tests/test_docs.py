@@ -93,7 +93,7 @@ def test_docs_build_with_warnings_as_errors(built):
   """The pages hold the reference's anchors and the package tables link
   each public name to where it is documented."""
   api = built / "api"
-  assert "augfl_jax.algorithms.augfl.round.make_round" in _anchors(
+  assert "augfl_jax.algorithms.augfl.admm.make_round" in _anchors(
       api / "algorithms.html")
   assert "augfl_jax.core.intervals.ratio_interval" in _anchors(
       api / "core.html")

@@ -311,13 +311,13 @@ _NAN_CLI = """
 import dataclasses, functools
 import jax.numpy as jnp
 from augfl_jax import training
-from experiments import cli as flags, run
+from experiments import cli, run
 def nan3(fed):
   support = dict(fed.train.support)
   support["x"] = support["x"].at[3].set(jnp.nan)
   return dataclasses.replace(fed, train=fed.train.replace(support=support))
 training.run = functools.partial(training.run, transform_data=nan3)
-flags.main_runner(run.main)
+cli.main_runner(run.main)
 """
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import local, tree
-from augfl_jax.algorithms.fedbc import round as fedbc
+from augfl_jax.algorithms import fedbc
 from tests import tiny
 
 ravel = lambda p: np.asarray(ravel_pytree(p)[0], np.float64)
@@ -233,7 +233,7 @@ def test_vmap_and_map_strategies_agree(personalized):
       state, metrics = round_fn(state, clients, jnp.array([0, 2, 3]))
     return state, metrics
   ref, ref_m = run("vmap")
-  for strategy in (clients_lib.ClientStrategy("map"),):
+  for strategy in (client_axis.ClientStrategy("map"),):
     got, got_m = run(strategy)
     # Same keys, same arithmetic; float rounding differs: 1e-6 abs / 1e-5 rel.
     for field in ("params", "client_params", "lambdas", "gammas"):

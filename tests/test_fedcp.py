@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from augfl_jax import models
-from augfl_jax.algorithms.fedcp import round as fedcp, model as fedcp_model
+from augfl_jax.algorithms import fedcp
 from tests.test_fedproto import K, init_params, no_key, separable_clients
 
 
@@ -19,14 +19,14 @@ pytestmark = pytest.mark.usefixtures("exact_matmuls")
 @pytest.mark.parametrize("with_noise", [False, True])
 def test_split_recombines_and_policy_is_a_probability(with_noise):
   d, n = 5, 7
-  cpn = jax.jit(lambda k: fedcp_model.ConditionalPolicy(d).init(
+  cpn = jax.jit(lambda k: fedcp.model.ConditionalPolicy(d).init(
       k, jnp.zeros((1, d)))["params"])(jax.random.key(0))
   rng = np.random.default_rng(0)
   feats = jnp.asarray(rng.normal(size=(n, d)).astype(np.float32)) * 3
   context = jnp.asarray(rng.uniform(size=(d,)).astype(np.float32))
-  noise = fedcp_model.gumbel_noise(jax.random.key(1), (n, 2, d)) if with_noise \
+  noise = fedcp.model.gumbel_noise(jax.random.key(1), (n, 2, d)) if with_noise \
       else None
-  r_p, r_g, p, g = jax.jit(fedcp_model.split_features)(cpn, feats, context,
+  r_p, r_g, p, g = jax.jit(fedcp.model.split_features)(cpn, feats, context,
                                                         noise)
   np.testing.assert_allclose(r_p + r_g, feats, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(p + g, 1.0, rtol=1e-6)
@@ -47,14 +47,14 @@ def test_mmd_against_a_double_loop():
   real = range(4)
   expected = np.mean([k(x[j], x[l]) + k(y[j], y[l]) - 2 * k(x[j], y[l])
                       for j in real for l in real])
-  got = jax.jit(fedcp_model.mmd)(jnp.asarray(x), jnp.asarray(y),
+  got = jax.jit(fedcp.model.mmd)(jnp.asarray(x), jnp.asarray(y),
                                  jnp.asarray(mask))
   np.testing.assert_allclose(got, expected, rtol=1e-4)
 
 
 def test_context_is_the_normalised_class_sum_of_the_personal_head():
   kernel = np.array([[1.0, 2.0], [0.0, -3.0], [4.0, 0.0]], np.float32)
-  v = jax.jit(fedcp_model.context_vector)({"kernel": jnp.asarray(kernel),
+  v = jax.jit(fedcp.model.context_vector)({"kernel": jnp.asarray(kernel),
                                      "bias": jnp.zeros(2)})
   np.testing.assert_allclose(v, np.array([3.0, -3.0, 4.0]) / np.sqrt(34),
                              rtol=1e-6)

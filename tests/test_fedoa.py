@@ -12,7 +12,7 @@ from augfl_jax import models
 from augfl_jax.core import tree
 from augfl_jax.algorithms import fedit
 from augfl_jax.algorithms.fedoa import personal as fedoa_personal
-from augfl_jax.algorithms.fedoa import round as fedoa
+from augfl_jax.algorithms import fedoa
 from augfl_jax.data import rotated
 from augfl_jax.data.sources import Dataset
 from tests import tiny

@@ -10,7 +10,7 @@ import pytest
 
 from augfl_jax import models
 from augfl_jax.algorithms.fedpcl import contrastive as fedpcl_contrastive
-from augfl_jax.algorithms.fedpcl import round as fedpcl
+from augfl_jax.algorithms import fedpcl
 from tests.test_fedproto import D, K, no_key, separable_clients
 
 

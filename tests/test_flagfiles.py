@@ -10,7 +10,7 @@ from absl import flags
 
 from augfl_jax.core import fields
 from augfl_jax import training
-from experiments import cli as run_flags
+from experiments import cli
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "experiments", "configs")
@@ -18,9 +18,9 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
 
 def _config_from_flagfile(path: str) -> training.RunConfig:
   values = flags.FlagValues()
-  run_flags.define_config_flags(flag_values=values)
+  cli.define_config_flags(flag_values=values)
   values(["prog", f"--flagfile={path}"])
-  return run_flags.config_from_flags(values)
+  return cli.config_from_flags(values)
 
 
 # Flag files of a configuration other than a dataset's preset, and the

@@ -1,6 +1,8 @@
 """The commands' flags: old names pointing to the new ones, --help grouped
 by section (exit 0), and the warning for flags the run does not read."""
 
+import ast
+import glob
 import json
 import os
 import re
@@ -12,8 +14,8 @@ from absl import flags
 
 from augfl_jax.core import fields
 from augfl_jax import algorithms, training
-from experiments import flag_help
-from experiments import cli as run_flags
+from augfl_jax.commands import runner
+from experiments import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,25 +37,25 @@ OLD_NAMES = (
 def run_flag_values():
   """experiments.run's flags, in a FlagValues of their own."""
   values = flags.FlagValues()
-  run_flags.define_config_flags(flag_values=values)
+  cli.define_config_flags(flag_values=values)
   return values
 
 
 def test_every_old_flag_name_has_a_new_one(run_flag_values):
   for old in OLD_NAMES:
     assert old not in run_flag_values, old
-    new = run_flags.renamed_to(old, run_flag_values)
+    new = cli.renamed_to(old, run_flag_values)
     assert new, old
     for name in new:  # the same quantity: the old name is its last part,
       assert name in run_flag_values  # or RENAMED says what it became
-      assert (name.rpartition(".")[2] == old or old in run_flags.RENAMED)
-  assert run_flags.renamed_to("lam", run_flag_values) == [
+      assert (name.rpartition(".")[2] == old or old in runner.RENAMED)
+  assert cli.renamed_to("lam", run_flag_values) == [
       "augfl.lam", "fedproto.lam", "fedcp.lam", "fedoa.lam"]
-  assert run_flags.renamed_to("alpha", run_flag_values)[0] == "augfl.alpha"
-  assert run_flags.renamed_to("alpha", run_flag_values)[-1] == "eval.alpha"
-  assert run_flags.renamed_to("adapt_steps", run_flag_values) == [
+  assert cli.renamed_to("alpha", run_flag_values)[0] == "augfl.alpha"
+  assert cli.renamed_to("alpha", run_flag_values)[-1] == "eval.alpha"
+  assert cli.renamed_to("adapt_steps", run_flag_values) == [
       "eval.steps"]
-  assert run_flags.renamed_to("nosuchflag", run_flag_values) == []
+  assert cli.renamed_to("nosuchflag", run_flag_values) == []
 
 
 def _cli(module, *args):
@@ -105,11 +107,11 @@ def test_run_help_groups_every_flag_once_common_first_and_exits_0():
       "PM (read by --algorithm=augfl, kt_only)" in " ".join(
           l.strip() for l in text.splitlines())
   described = _described(text)
-  assert described[:5] == list(flag_help.COMMON)
+  assert described[:5] == list(cli.COMMON)
   config_names = [n for n, *_ in fields.walk(training.RunConfig())]
   assert sorted(described) == sorted(config_names +
-                                     list(flag_help.RUN_CONTROL) +
-                                     list(flag_help.DISTRIBUTED))
+                                     list(cli.RUN_CONTROL) +
+                                     list(cli.DISTRIBUTED))
   # A flag without a default value states its default in its help, as
   # --output_dir does, the same as the docstring and default_output_dir.
   assert "(default: None)" not in text
@@ -119,7 +121,7 @@ def test_run_help_groups_every_flag_once_common_first_and_exits_0():
   assert "--output_dir: where the command writes its files (default " \
       "runs/<dataset>_<algorithm>_seed<seed>, a / in the dataset's name as " \
       "_)" in joined
-  assert run_flags.default_output_dir(training.RunConfig(
+  assert cli.default_output_dir(training.RunConfig(
       dataset="emnist", algorithm="fedavg", seed=3)) == (
           "runs/emnist_letters_fedavg_seed3")
   assert all(len(l) <= 80 for l in text.splitlines()
@@ -175,12 +177,12 @@ def test_helpfull_adds_absl_flags():
 def _config(values, *args):
   values.unparse_flags()
   values(["prog", *args])
-  return training.prepare(run_flags.config_from_flags(values))
+  return training.prepare(cli.config_from_flags(values))
 
 
 def test_flags_of_sections_the_run_does_not_read_are_named(run_flag_values):
   values = run_flag_values
-  warning = lambda *args: run_flags.unread_flags_warning(
+  warning = lambda *args: cli.unread_flags_warning(
       _config(values, *args), values)
   assert warning("--algorithm=fedavg", "--augfl.lam=1", "--pm.model=cnn",
                  "--fedbc.lr=0.1", "--crd.nce_k=8", "--fedavg.lr=0.1") == (
@@ -275,7 +277,7 @@ def test_an_unknown_name_gets_its_near_miss_and_imports(run_flag_values,
   run_flag_values.unparse_flags()
   run_flag_values(["prog", *args])
   with pytest.raises(ValueError) as e:
-    run_flags.config_from_flags(run_flag_values)
+    cli.config_from_flags(run_flag_values)
   message = str(e.value)
   name = args[0].partition("=")[2]
   assert message.startswith(f"unknown --{flag} {name!r}; ")
@@ -287,4 +289,49 @@ def test_an_unknown_name_gets_its_near_miss_and_imports(run_flag_values,
   run_flag_values.unparse_flags()
   run_flag_values(["prog", f"--{flag}={meant or 'mlp'}"] if flag.endswith(
       "model") or meant else ["prog"])
-  run_flags.config_from_flags(run_flag_values)  # the right name is taken
+  cli.config_from_flags(run_flag_values)  # the right name is taken
+
+
+def _imported(path):
+  """The modules the file ``path`` imports (``from augfl_jax import data``:
+  ``augfl_jax.data``), inside functions too."""
+  names = []
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      names += [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names += ([f"{node.module}.{alias.name}" for alias in node.names]
+                if node.module == "augfl_jax" else [node.module])
+  return names
+
+
+def test_the_command_plumbing_stands_below_training():
+  """``augfl_jax.commands`` imports no run configuration (``training``, the
+  methods) and no command folder: ``experiments/``, ``benchmarks/`` and
+  one's own commands import it, and the library under it defines no
+  flags."""
+  paths = sorted(glob.glob(os.path.join(ROOT, "augfl_jax", "commands",
+                                        "*.py")))
+  assert [os.path.basename(p) for p in paths] == [
+      "__init__.py", "flag_help.py", "output_files.py", "runner.py"]
+  rooms = {name.split(".")[1] for path in paths for name in _imported(path)
+           if name.startswith("augfl_jax.")}
+  assert rooms <= {"commands", "core", "data", "storage"}, rooms
+  assert not [name for path in paths for name in _imported(path)
+              if name.split(".")[0] in ("experiments", "benchmarks")]
+  library = [path for path in glob.glob(os.path.join(
+      ROOT, "augfl_jax", "**", "*.py"), recursive=True)
+             if "flags.DEFINE_" in open(path).read()]
+  assert library == []
+
+
+def test_the_benchmarks_import_nothing_of_experiments():
+  """The two command folders stand side by side: what both use is
+  ``augfl_jax.commands`` (a benchmark starts ``experiments.run`` as a
+  process, never imports it)."""
+  imported = [(os.path.basename(path), name)
+              for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks",
+                                                        "*.py")))
+              for name in _imported(path)
+              if name.split(".")[0] == "experiments"]
+  assert imported == []

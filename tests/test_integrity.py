@@ -29,7 +29,7 @@ import pytest
 from augfl_jax.storage import checkpoint
 from augfl_jax import data, models, training
 from augfl_jax.core import fields
-from augfl_jax.pm import store as pm
+from augfl_jax.pm import store
 from augfl_jax.training import checkpoints as run_checkpoints
 from augfl_jax.training import experiment, outputs, pm_roles
 from tests import fake_pm, run_files
@@ -102,14 +102,14 @@ def test_an_edited_accuracy_in_checkpoint_metadata_is_caught(tmp_path):
 
 def test_a_pm_with_a_flipped_bit_or_an_edited_record_is_refused(tmp_path):
   path = _mlp_pm(tmp_path / "pm")
-  pm.load_pm(path, {})  # reads back whole
+  store.load_pm(path, {})  # reads back whole
   assert checkpoint.has_checksums(path)
   _flip_a_bit(_array_files(os.path.join(path, "state"))[-1])
   with pytest.raises(checkpoint.DamagedCheckpointError,
                      match=r"the PM is damaged \(checksum mismatch in "
                      rf"\['params'\].*\): remove {path} to pretrain it "
                      "again, or pass another --pm.dir"):
-    pm.load_pm(path, {})
+    store.load_pm(path, {})
   # The run that passes it with --pm.dir stops before any round.
   config = _config(**{"augfl.lam": 1.0, "regularizer": "l2",
                       "pm.model": "mlp", "pm.dir": path, "rounds": 1})
@@ -126,7 +126,7 @@ def test_a_pm_with_a_flipped_bit_or_an_edited_record_is_refused(tmp_path):
   with pytest.raises(checkpoint.DamagedCheckpointError,
                      match="the metadata of the checkpoint at .* does not "
                      "match its checksum"):
-    pm.load_pm(other, {})
+    store.load_pm(other, {})
 
 
 def test_a_checkpoint_saved_without_checksums_reads_back_unverified(
@@ -285,7 +285,7 @@ def test_reads_orbax_abandons_leave_no_traceback(tmp_path, monkeypatch):
 def test_a_damaged_pm_file_is_named_with_how_to_replace_it(tmp_path,
                                                            damage):
   path = _mlp_pm(tmp_path / "pm")
-  like = jax.eval_shape(lambda: pm.load_pm(path, {})[0])
+  like = jax.eval_shape(lambda: store.load_pm(path, {})[0])
   if damage == "an array":
     _cut_short(_array_files(os.path.join(path, "state"))[-1])
     what = (r"the file of array \['params'\]\['\w+'\]\['\w+'\] under "
@@ -297,7 +297,7 @@ def test_a_damaged_pm_file_is_named_with_how_to_replace_it(tmp_path,
     shutil.rmtree(os.path.join(path, "state"))
     what = "its directory state is missing"
   with pytest.raises(checkpoint.DamagedCheckpointError) as e:
-    pm.load_pm(path, {}, like=like)
+    store.load_pm(path, {}, like=like)
   assert re.fullmatch(
       rf"the PM is damaged \(in the checkpoint at {re.escape(path)}, {what}\): "
       rf"remove {re.escape(path)} to pretrain it again, or pass another "
@@ -333,7 +333,7 @@ def test_a_directory_holding_a_pm_is_refused_as_an_output_dir(tmp_path):
                      "not write"):
     training.run(_config(algorithm="fedavg", rounds=1), path, log=QUIET)
   assert sorted(os.listdir(path)) == sorted(before + [outputs.LOCK])
-  pm.load_pm(path, {})  # untouched
+  store.load_pm(path, {})  # untouched
 
 
 def test_a_data_dir_that_does_not_exist_is_one_line(tmp_path):

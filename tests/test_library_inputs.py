@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax.core import checks, evaluation, tree
 from augfl_jax import models
 from augfl_jax.core.types import ClientData

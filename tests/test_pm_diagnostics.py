@@ -11,7 +11,7 @@ import pytest
 
 from augfl_jax import models
 from augfl_jax.algorithms.augfl import pm_aided
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax.models.mlp import MLP
 from tests import tiny
 

@@ -15,7 +15,7 @@ import pytest
 from augfl_jax.storage import checkpoint
 from augfl_jax import data, models, training
 from augfl_jax.core import fields
-from augfl_jax.pm import store as pm
+from augfl_jax.pm import store
 from augfl_jax.pm import pretrain as pt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,8 +167,8 @@ def test_checkpoint_overwrite_and_errors(tmp_path):
 
 def _expected(model, dataset="digits", name="mlp", server_size=400, seed=0,
               config=CONFIG):
-  return pm.pm_metadata(dataset, name, server_size, seed,
-                        model_kwargs=pm.model_kwargs(model), config=config)
+  return store.pm_metadata(dataset, name, server_size, seed,
+                        model_kwargs=store.model_kwargs(model), config=config)
 
 
 def _variables(params):
@@ -178,9 +178,9 @@ def _variables(params):
 def test_pm_round_trip_and_mismatches_name_every_field(tmp_path, trained):
   model, _, params, _, _ = trained
   path = str(tmp_path / "pm")
-  pm.save_pm(path, _variables(params), {
+  store.save_pm(path, _variables(params), {
       **_expected(model), "heldout_accuracy": 0.9, "epochs": 3})
-  got, meta = pm.load_pm(path, _expected(model))
+  got, meta = store.load_pm(path, _expected(model))
   got = got["params"]
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -192,8 +192,8 @@ def test_pm_round_trip_and_mismatches_name_every_field(tmp_path, trained):
       "kwargs": {"num_classes": 10, "hidden": [32], "norm": "none"}}
   assert "created" in meta
 
-  with pytest.raises(pm.PMCheckpointMismatch) as e:
-    pm.load_pm(path, _expected(model, dataset="mnist", server_size=500))
+  with pytest.raises(store.PMCheckpointMismatch) as e:
+    store.load_pm(path, _expected(model, dataset="mnist", server_size=500))
   msg = str(e.value)
   assert "dataset=digits, server_size=400" in msg
   assert "dataset=mnist, server_size=500" in msg
@@ -201,35 +201,37 @@ def test_pm_round_trip_and_mismatches_name_every_field(tmp_path, trained):
   assert "--pm.dir" in msg and "architecture" not in msg
   assert "--data.server_size=500" in msg
   other = models.create_model("mlp", 10, hidden=(64,))
-  with pytest.raises(pm.PMCheckpointMismatch, match="architecture=mlp") as e:
-    pm.load_pm(path, _expected(other))
+  with pytest.raises(store.PMCheckpointMismatch, match="architecture=mlp") as e:
+    store.load_pm(path, _expected(other))
   assert "hidden=[64]" in str(e.value) and "hidden=[32]" in str(e.value)
-  with pytest.raises(pm.PMCheckpointMismatch, match="split_seed=0"):
-    pm.load_pm(path, _expected(model, seed=3))
-  with pytest.raises(pm.PMCheckpointMismatch, match="architecture=cnn"):
-    pm.load_pm(path, _expected(models.create_model("cnn", 10), name="cnn"))
+  with pytest.raises(store.PMCheckpointMismatch, match="split_seed=0"):
+    store.load_pm(path, _expected(model, seed=3))
+  with pytest.raises(store.PMCheckpointMismatch, match="architecture=cnn"):
+    store.load_pm(path, _expected(models.create_model("cnn", 10), name="cnn"))
   assert isinstance(e.value, ValueError)
   # The recipe is part of what a PM was trained for: a short test's PM is
   # never reused by a longer configuration (and the reverse).
   longer = pt.PretrainConfig(model="mlp", epochs=30)
-  with pytest.raises(pm.PMCheckpointMismatch, match="epochs=6") as e:
-    pm.load_pm(path, _expected(model, config=longer))
+  with pytest.raises(store.PMCheckpointMismatch, match="epochs=6") as e:
+    store.load_pm(path, _expected(model, config=longer))
   assert "epochs=30" in str(e.value) and "--pm.epochs=30" in str(e.value)
-  with pytest.raises(pm.PMCheckpointMismatch, match="lr=0.05"):
-    pm.load_pm(path, _expected(model, config=pt.PretrainConfig(
+  with pytest.raises(store.PMCheckpointMismatch, match="lr=0.05"):
+    store.load_pm(path, _expected(model, config=pt.PretrainConfig(
         model="mlp", epochs=6, lr=0.1)))
 
 
 def test_default_pm_dir():
-  assert pm.default_pm_dir("runs", "emnist/letters", "resnet32x4", 10000) == (
-      os.path.join("runs", "pm", "emnist_letters_resnet32x4_srv10000"))
+  assert store.default_pm_dir("runs", "emnist/letters", "resnet32x4",
+                              10000) == os.path.join(
+                                  "runs", "pm",
+                                  "emnist_letters_resnet32x4_srv10000")
 
 
 def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
     tmp_path, digits, trained, monkeypatch):
   calls = []
-  real = pm.pretrain
-  monkeypatch.setattr(pm, "pretrain",
+  real = store.pretrain
+  monkeypatch.setattr(store, "pretrain",
                       lambda *a, **k: calls.append(1) or real(*a, **k))
   model, server, trained_params, _, _ = trained
   path = str(tmp_path / "pm" / "x")
@@ -237,7 +239,7 @@ def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
             server=server, server_size=400, split_seed=0, config=CONFIG,
             input_shape=(8, 8, 1))
   lines = []
-  params, meta = pm.get_or_pretrain_pm(path, log=lines.append, **kw)
+  params, meta = store.get_or_pretrain_pm(path, log=lines.append, **kw)
   params = params["params"]
   assert len(calls) == 1 and os.path.isdir(path)
   assert lines[0].startswith(f"no PM at {path}: pretraining mlp")
@@ -246,14 +248,14 @@ def test_get_or_pretrain_pm_creates_then_reuses_then_refuses(
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(trained_params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # same seed
   lines.clear()
-  again, meta2 = pm.get_or_pretrain_pm(path, log=lines.append, **kw)
+  again, meta2 = store.get_or_pretrain_pm(path, log=lines.append, **kw)
   again = again["params"]
   assert len(calls) == 1  # reused, not retrained
   assert meta2 == meta and lines[0].startswith(f"reusing the PM at {path}")
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  with pytest.raises(pm.PMCheckpointMismatch, match="server_size=400"):
-    pm.get_or_pretrain_pm(path, **dict(kw, server=_server(digits, 420),
+  with pytest.raises(store.PMCheckpointMismatch, match="server_size=400"):
+    store.get_or_pretrain_pm(path, **dict(kw, server=_server(digits, 420),
                                        server_size=420))
   assert len(calls) == 1
 
@@ -272,11 +274,11 @@ def test_a_pm_restores_under_either_conv_impl(tmp_path, digits, monkeypatch):
             server_size=100, split_seed=0, input_shape=(8, 8, 1),
             config=pt.PretrainConfig(model="cnn", epochs=1))
   path = str(tmp_path / "pm")
-  params, meta = pm.get_or_pretrain_pm(path, model=nets["patches"], **kw)
+  params, meta = store.get_or_pretrain_pm(path, model=nets["patches"], **kw)
   params = params["params"]
   assert "conv_impl" not in meta["architecture"]["kwargs"]
-  monkeypatch.setattr(pm, "pretrain", lambda *a, **k: pytest.fail("retrain"))
-  again, _ = pm.get_or_pretrain_pm(path, model=nets["xla"], **kw)
+  monkeypatch.setattr(store, "pretrain", lambda *a, **k: pytest.fail("retrain"))
+  again, _ = store.get_or_pretrain_pm(path, model=nets["xla"], **kw)
   again = again["params"]
   assert jax.tree.structure(again) == jax.tree.structure(params)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
@@ -287,14 +289,14 @@ def test_a_pm_restores_under_either_conv_impl(tmp_path, digits, monkeypatch):
   for a, b in zip(*outputs):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   old = str(tmp_path / "old")
-  pm.save_pm(old, {"params": params, "batch_stats": models.init_batch_stats(
-      nets["xla"], (8, 8, 1))}, pm.pm_metadata(
+  store.save_pm(old, {"params": params, "batch_stats": models.init_batch_stats(
+      nets["xla"], (8, 8, 1))}, store.pm_metadata(
           "digits", "cnn", 100, 0, config=kw["config"],
-          model_kwargs={**pm.model_kwargs(nets["xla"]), "conv_impl": "xla"}))
+          model_kwargs={**store.model_kwargs(nets["xla"]), "conv_impl": "xla"}))
   for impl in models.CONV_IMPLS:
-    pm.get_or_pretrain_pm(old, model=nets[impl], **kw)
-  with pytest.raises(pm.PMCheckpointMismatch, match="widths"):
-    pm.get_or_pretrain_pm(old, model=models.create_model(
+    store.get_or_pretrain_pm(old, model=nets[impl], **kw)
+  with pytest.raises(store.PMCheckpointMismatch, match="widths"):
+    store.get_or_pretrain_pm(old, model=models.create_model(
         "cnn", 10, widths=(4, 4), dense=16, conv_impl="xla"), **kw)
 
 
@@ -317,7 +319,7 @@ def test_cli_writes_a_loadable_checkpoint(tmp_path):
   assert "pm epoch    2/2" in result.stdout
   assert f"PM saved to {pm_dir}" in result.stdout
   model = models.create_model("logreg", 10)
-  variables, meta = pm.load_pm(
+  variables, meta = store.load_pm(
       pm_dir, _expected(model, name="logreg", server_size=200,
                         config=pt.PretrainConfig(model="logreg", epochs=2)))
   assert variables["params"]["head"]["kernel"].shape == (64, 10)

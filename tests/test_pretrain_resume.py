@@ -16,7 +16,7 @@ import pytest
 
 from augfl_jax import data, models
 from augfl_jax.pm import pretrain as pt
-from augfl_jax.pm import store as pm
+from augfl_jax.pm import store
 from augfl_jax.storage import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +39,7 @@ def _model(hidden=(16,)):
 
 def _pretrain(path, server, *, stop_at=None, crash_at=None, config=CONFIG,
               model=None, lines=None):
-  """``pm.pretrain_and_save`` into ``path``; ``stop_at``: the stop is asked
+  """``store.pretrain_and_save`` into ``path``; ``stop_at``: the stop is asked
   for after that many steps of this call, ``crash_at``: the process
   "dies" there (an exception, no checkpoint saved: what kill -9 leaves)."""
   calls = []
@@ -50,7 +50,7 @@ def _pretrain(path, server, *, stop_at=None, crash_at=None, config=CONFIG,
       raise RuntimeError("crash")
     return len(calls) == stop_at
 
-  return pm.pretrain_and_save(
+  return store.pretrain_and_save(
       str(path), model=model or _model(), model_name="mlp",
       dataset_name="digits", server=server, server_size=200, split_seed=0,
       config=config, log=(lines if lines is not None else []).append,
@@ -95,7 +95,7 @@ def test_a_stopped_pretraining_continues_to_the_uninterrupted_pm(
   assert lines[-1].startswith(f"saved the PM to {path}")
   assert not os.path.exists(kept)  # removed once the PM is saved
   _assert_same(variables, straight[0])
-  _assert_same(pm.load_pm(str(path), {})[0], straight[0])
+  _assert_same(store.load_pm(str(path), {})[0], straight[0])
   for key in ("train_loss", "train_accuracy", "heldout_accuracy",
               "heldout_accuracy_running", "epochs"):
     assert meta[key] == straight[1][key], key
@@ -176,7 +176,7 @@ def test_a_checkpoint_of_another_pretraining_is_refused(
     _pretrain(path, server, stop_at=2)
   if change.pop("labels", False):
     server = {**server, "y": np.roll(server["y"], 1)}
-  with pytest.raises(pm.PMCheckpointMismatch) as e:
+  with pytest.raises(store.PMCheckpointMismatch) as e:
     _pretrain(path, server, **change)
   text = str(e.value)
   assert text.startswith("the PM pretraining checkpoint at "

@@ -94,6 +94,27 @@ def _one_process(out, args):
 # --- in one process: nothing changes -------------------------------------
 
 
+def test_launch_runs_the_command_it_is_given(tmp_path):
+  """``program`` names the command the processes run (one's own script
+  that reads the ``--distributed.*`` flags): each process gets its own
+  flags, one coordinator, the flags given and its CPU devices."""
+  script = tmp_path / "my_run.py"
+  script.write_text("import os, sys\n"
+                    "print(' '.join(sys.argv[1:]), os.environ['XLA_FLAGS'])\n")
+  logs = [str(tmp_path / f"process{i}.log") for i in range(2)]
+  procs = local.launch(2, 3, ["--rounds=1"], program=(str(script),),
+                       logs=logs)
+  assert local.wait(procs, timeout=60) == [0, 0]
+  lines = [open(log).read().split() for log in logs]
+  coordinator = lines[0][0]
+  assert coordinator.startswith("--distributed.coordinator=localhost:")
+  for i, line in enumerate(lines):
+    assert line == [coordinator, "--distributed.num_processes=2",
+                    f"--distributed.process_id={i}", "--rounds=1",
+                    "--xla_force_host_platform_device_count=3"]
+  assert local.command(1, 2, 80, ["--x"])[1:3] == ["-m", "experiments.run"]
+
+
 def test_one_process_functions_are_the_identity():
   assert processes.count() == 1 and processes.is_writer()
   state = {"a": np.arange(6.0).reshape(3, 2), "b": np.float32(1)}

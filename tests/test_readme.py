@@ -48,14 +48,14 @@ def check_run_flags(args):
   """Raises unless ``python -m experiments.run`` takes the flags ``args``
   (a string) and their values."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from experiments import cli as run_flags  # pylint: disable=g-import-not-at-top
+  from experiments import cli  # pylint: disable=g-import-not-at-top
   values = flags.FlagValues()
-  run_flags.define_config_flags(flag_values=values)
-  run_flags.define_distributed_flags(flag_values=values)
+  cli.define_config_flags(flag_values=values)
+  cli.define_distributed_flags(flag_values=values)
   # Raises on a flag the run lacks (--help is the parser's: tested in
   # test_flags).
   values(["run"] + [a for a in args.split() if a != "--help"])
-  run_flags.config_from_flags(values)
+  cli.config_from_flags(values)
 
 
 @pytest.mark.slow

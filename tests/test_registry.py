@@ -11,10 +11,10 @@ import jax
 import pytest
 
 from augfl_jax import algorithms, models, training
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax.algorithms import base, fedavg
-from augfl_jax.algorithms.fedbc import round as fedbc
-from augfl_jax.algorithms.fedpcl import round as fedpcl
+from augfl_jax.algorithms import fedbc
+from augfl_jax.algorithms import fedpcl
 from augfl_jax.core import fields
 
 # The roles of the paper's methods (see base.PM_ROLES).

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from augfl_jax.algorithms import fedavg
-from augfl_jax.algorithms.augfl import round as augfl
+from augfl_jax.algorithms import augfl
 from augfl_jax import data, models, training
 from augfl_jax.core import fields
 from augfl_jax.training import checkpoints, experiment, outputs

@@ -22,7 +22,7 @@ import pytest
 from augfl_jax import data, models, training
 from augfl_jax.core import fields
 from augfl_jax.storage import locks
-from augfl_jax.pm import store as pm, pretrain
+from augfl_jax.pm import pretrain, store
 from tests import fake_pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +81,7 @@ def test_a_signal_during_pm_pretraining_stops_it_and_says_what_was_kept(
                           f"trained; the PM it pretrained is saved in {path} "
                           "and is reused")
   assert not any(l.startswith("round") for l in lines)
-  assert pm.load_pm(str(path), {})[1]["epochs"] == 3
+  assert store.load_pm(str(path), {})[1]["epochs"] == 3
 
 
 def _digits_server():
@@ -108,14 +108,14 @@ def test_a_pm_another_process_pretrains_is_awaited_then_reused(tmp_path):
                 server=_digits_server(), server_size=400, split_seed=0,
                 config=pretrain.PretrainConfig(model="mlp", epochs=30),
                 input_shape=(8, 8, 1))
-  pm.get_or_pretrain_pm(path, log=log, **kwargs)
+  store.get_or_pretrain_pm(path, log=log, **kwargs)
   assert lines[0] == (f"waiting for process {os.getpid()}, which is "
                       f"pretraining the PM at {path}, to reuse it")
   assert lines[1].startswith(f"reusing the PM at {path}") and len(lines) == 2
   # A stop asked for while waiting ends the wait.
   fd, _ = locks.try_lock(str(tmp_path / ".other.lock"))
   with pytest.raises(pretrain.Stopped, match="while waiting for process"):
-    pm.get_or_pretrain_pm(str(tmp_path / "other"), log=QUIET,
+    store.get_or_pretrain_pm(str(tmp_path / "other"), log=QUIET,
                           should_stop=lambda: True, **kwargs)
   os.close(fd)
 

@@ -280,7 +280,7 @@ def test_a_signal_in_the_last_round_ends_the_cli_run_with_128_plus_it(
       _raise_sigint_and_wait(stop)
     return {}
   monkeypatch.setattr(training, "run", run_whose_last_round_gets_a_signal)
-  monkeypatch.setattr(run.run_flags, "start_command", lambda: None)
+  monkeypatch.setattr(run.cli, "start_command", lambda: None)
   with flagsaver.flagsaver():
     run.FLAGS(["run.py", f"--output_dir={tmp_path}", "--rounds=2"])
     with pytest.raises(SystemExit) as e:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax import models
 from augfl_jax.core import tree
 from augfl_jax.algorithms import base
@@ -124,7 +124,7 @@ def participant_keys(key: PRNGKey, round_: jax.Array, num_clients: int,
 
 def run_participants(client_fn: Callable[[dict], Any], state: Any,
                      clients: ClientData, participants: jax.Array | None,
-                     strategy: clients_lib.ClientStrategy, **stacked: Any):
+                     strategy: client_axis.ClientStrategy, **stacked: Any):
   """The client half of a round: ``client_fn`` on every participant.
 
   Args:
@@ -148,7 +148,7 @@ def run_participants(client_fn: Callable[[dict], Any], state: Any,
                     key=participant_keys(state.key, state.round,
                                          clients.num_clients, participants),
                     **{name: select(v) for name, v in stacked.items()})
-  outputs = clients_lib.map_clients(client_fn, per_client, strategy)
+  outputs = client_axis.map_clients(client_fn, per_client, strategy)
   return outputs, per_client["data"].num_examples, merge
 
 
@@ -161,7 +161,7 @@ def loss_metrics(losses: jax.Array, weights: jax.Array
 
 def make_averaging_round(
     local_update: LocalUpdate,
-    strategy: str | clients_lib.ClientStrategy | None = None,
+    strategy: str | client_axis.ClientStrategy | None = None,
     server_optimizer: optax.GradientTransformation | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
@@ -174,7 +174,7 @@ def make_averaging_round(
   participants' local training loss, sample-weighted) and ``client_loss``
   (``[K]``).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: AveragingState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -211,7 +211,7 @@ def constructor(name: str, make_round: Callable,
             eval_alpha: float = 0.03, eval_steps: int = 1,
             pm: None = None) -> base.FederatedAlgorithm:
     base.no_pm(name, pm)
-    strategy = clients_lib.as_strategy(strategy)
+    strategy = client_axis.as_strategy(strategy)
     opt = (server_optimizer(config) if callable(server_optimizer)
            else server_optimizer)
     extra = {} if opt is None else {"server_optimizer": opt}

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 import flax.linen as nn
 import jax
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import evaluation
 from augfl_jax import models
 from augfl_jax.core.types import ClientData, Params, PRNGKey
@@ -44,7 +44,7 @@ CLIENT_SIZE_ROLES = ("initialization", "encoder")
 
 # (init_fn, grad_fn) of a server regulariser, see augfl_jax.transfer.
 Regularizer = tuple[Callable[..., Any], Callable[..., Any]]
-Strategy = str | clients_lib.ClientStrategy | None
+Strategy = str | client_axis.ClientStrategy | None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import dataclasses
 
 import optax
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import local
 from augfl_jax.algorithms import averaging, base
 from augfl_jax.core import fields
@@ -72,13 +72,13 @@ init_state = averaging.init_state
 
 
 def make_round(loss_fn: LossFn, config: LocalSGDConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None,
+               strategy: str | client_axis.ClientStrategy | None = None,
                server_optimizer: optax.GradientTransformation | None = None):
   """Jitted FedAvg ``round_fn(state, clients, participants=None)``; with a
   ``server_optimizer``, the server steps with it on the mean update
   (``averaging.make_averaging_round``; its state from
   ``init_state(params, key, server_optimizer)``)."""
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   return averaging.make_averaging_round(
       lambda p, c, k: local_update(loss_fn, config, p, c, k), strategy,
       server_optimizer)

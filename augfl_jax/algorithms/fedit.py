@@ -23,7 +23,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import evaluation, local, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base
@@ -108,7 +108,7 @@ def local_update(model: nn.Module, config: FedITConfig, backbone: Params,
 
 
 def make_round(model: nn.Module, config: FedITConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
+               strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients`` holds all ``C`` training clients; ``participants`` (``[K]``
@@ -117,7 +117,7 @@ def make_round(model: nn.Module, config: FedITConfig,
   Metrics: ``loss`` (sample-weighted local training loss) and ``client_loss``
   (``[K]``).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: FedITState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -139,7 +139,7 @@ def global_params(state, config: FedITConfig) -> Params:
 
 
 def make_evaluate(model: nn.Module, config: FedITConfig, *,
-                  strategy: str | clients_lib.ClientStrategy | None = None,
+                  strategy: str | client_axis.ClientStrategy | None = None,
                   eval_alpha: float = 0.03, eval_steps: int = 1):
   """Jitted ``evaluate(state, clients)`` on held-out clients.
 
@@ -148,7 +148,7 @@ def make_evaluate(model: nn.Module, config: FedITConfig, *,
   scored on its query set. Metrics: ``accuracy`` (sample-weighted),
   ``accuracy_std`` (across clients), ``loss``, ``client_accuracy`` ``[C]``.
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   if eval_steps < 0:
     raise ValueError(f"eval_steps must be >= 0, got {eval_steps}")
   eval_fn = models.make_eval_fn(model)
@@ -164,7 +164,7 @@ def make_evaluate(model: nn.Module, config: FedITConfig, *,
       loss, correct = adapter_eval(adapted, client.query)
       return loss, correct, jnp.sum(client.query["mask"])
 
-    return evaluation.summarise(*clients_lib.map_clients(one_client, clients,
+    return evaluation.summarise(*client_axis.map_clients(one_client, clients,
                                                          strategy))
 
   return jax.jit(evaluate)
@@ -176,7 +176,7 @@ def fedit(model: nn.Module, config: FedITConfig, *,
   """FedIT as a ``FederatedAlgorithm``: ``model`` is the PM module and
   ``init``'s params its weights, the frozen backbone."""
   base.no_pm("fedit", pm)
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   return base.FederatedAlgorithm(
       "fedit", lambda params, num_clients, key: init_state(
           params, num_clients, key, config),

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import evaluation, local, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base, prototypes
@@ -163,14 +163,14 @@ def local_update(model: nn.Module, config: FedProtoConfig, params: Params,
 
 
 def make_round(model: nn.Module, config: FedProtoConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
+               strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients``: all C training clients; their local data is support ∪ query.
   Metrics: ``loss`` (participants' training loss, sample-weighted),
   ``client_loss`` (one per participant).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: FedProtoState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -189,7 +189,7 @@ def make_round(model: nn.Module, config: FedProtoConfig,
 
 
 def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
-                  strategy: str | clients_lib.ClientStrategy | None = None):
+                  strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``evaluate(state, clients) -> metrics`` on held-out clients.
 
   Each client personalises on its support set (module docstring) and is
@@ -198,7 +198,7 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
   ``_head`` (the local head's argmax), and ``loss`` (query cross-entropy of
   the head, sample-weighted).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   features_fn = models.make_features_fn(model)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)
@@ -233,7 +233,7 @@ def make_evaluate(model: nn.Module, config: FedProtoConfig, *,
     else:
       start = jax.tree.map(lambda p: jnp.mean(p, axis=0), state.client_params)
     keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
-    correct, correct_head, loss, count = clients_lib.map_clients(
+    correct, correct_head, loss, count = client_axis.map_clients(
         lambda c: one_client(state, start, c[0], c[1]), (clients, keys),
         strategy)
     return {**evaluation.summarise(loss, correct, count),
@@ -252,7 +252,7 @@ def fedproto(model: nn.Module, config: FedProtoConfig, *,
   starts."""
   del eval_alpha, eval_steps
   base.no_pm("fedproto", pm)
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   return base.FederatedAlgorithm(
       "fedproto", init_state, make_round(model, config, strategy),
       make_evaluate(model, config, strategy=strategy),

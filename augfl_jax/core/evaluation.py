@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from augfl_jax.core import checks
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import intervals
 from augfl_jax.core.types import Batch, ClientData, LossFn, Params
 
@@ -49,7 +49,7 @@ def fast_adapt(loss_fn: LossFn, params: Params, support: Batch, *,
 
 def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
                    steps: int = 1,
-                   strategy: str | clients_lib.ClientStrategy | None = None,
+                   strategy: str | client_axis.ClientStrategy | None = None,
                    per_client_params: bool = False):
   """Jitted ``evaluate(params, clients) -> metrics`` over the client axis.
 
@@ -86,7 +86,7 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
       ``eval_fn`` that does not return two scalars
       (:func:`check_eval_fn`).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   if steps < 0:
     raise ValueError(f"steps must be >= 0, got {steps}")
   alpha_ = checks.concrete(alpha)
@@ -116,7 +116,7 @@ def make_evaluator(loss_fn: LossFn, eval_fn: EvalFn, *, alpha: float,
       fn, per_client = (lambda c: one_client(c[0], c[1])), (params, clients)
     else:
       fn, per_client = (lambda c: one_client(params, c)), clients
-    loss, correct, count = clients_lib.map_clients(fn, per_client, strategy)
+    loss, correct, count = client_axis.map_clients(fn, per_client, strategy)
     as_int = lambda a: jnp.rint(a).astype(jnp.int32)
     return {**summarise(loss, correct, count),
             "client_correct": as_int(correct), "client_count": as_int(count)}

@@ -1,6 +1,6 @@
 """The input checks of AugFL's client and server steps
-(:func:`~augfl_jax.algorithms.augfl.round.client_update`,
-:func:`~augfl_jax.algorithms.augfl.round.server_update`): values where they
+(:func:`~augfl_jax.algorithms.augfl.admm.client_update`,
+:func:`~augfl_jax.algorithms.augfl.admm.server_update`): values where they
 are concrete (before jit, or outside it), shapes and dtypes always (under
 jit too), each failing with one sentence that says what to pass instead.
 """
@@ -19,7 +19,7 @@ __all__ = ["check_client_args", "check_server_args"]
 
 
 def check_client_args(theta: Params, dual: Params, *, alpha, rho) -> None:
-  """The checks of :func:`augfl_jax.algorithms.augfl.round.client_update`
+  """The checks of :func:`augfl_jax.algorithms.augfl.admm.client_update`
   (its docstring):
   ``rho > 0`` and a finite ``alpha`` where they are concrete, 32-bit float
   parameters and duals of ``theta``'s tree and dtypes always."""
@@ -53,7 +53,7 @@ def check_client_args(theta: Params, dual: Params, *, alpha, rho) -> None:
 
 def check_server_args(client_params: Params, duals: Params,
                       rhos) -> None:
-  """The checks of :func:`augfl_jax.algorithms.augfl.round.server_update`:
+  """The checks of :func:`augfl_jax.algorithms.augfl.admm.server_update`:
   ``duals`` of
   ``client_params``' tree and shapes, and one rho per client (``[C]``)."""
   shapes = lambda tree: jax.tree.leaves(jax.tree.map(jnp.shape, tree))

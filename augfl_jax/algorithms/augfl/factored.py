@@ -1,6 +1,6 @@
 """AugFL's round with the dense layers' per-client quantities as factors.
 
-The same arithmetic as ``round.make_round`` in another order (finite-
+The same arithmetic as ``admm.make_round`` in another order (finite-
 difference HVP). For a dense kernel each client's ``g_s``, ``r`` and the
 two finite-difference gradients are ``A^T B`` (``augfl_jax.core.
 dense_factors``), so
@@ -45,9 +45,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.algorithms.augfl import round as augfl_round
+from augfl_jax.algorithms.augfl import admm
 from augfl_jax.core import checks
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import dense_factors as df
 from augfl_jax.core import tree
 from augfl_jax.core.types import ClientData, LossFn, Params
@@ -110,7 +110,7 @@ def factored_layers(loss_fn: LossFn, params: Params, support: Any,
           {p: layers_q.get(p, []) for p in keep})
 
 
-def choose(config: augfl_round.AugFLConfig, loss_fn: LossFn, params: Params,
+def choose(config: admm.AugFLConfig, loss_fn: LossFn, params: Params,
            clients: ClientData | None) -> str:
   """``"factored"`` or ``"materialised"``, as ``config.dense_updates`` says.
 
@@ -227,8 +227,8 @@ def _dense(rest: Any, factors: dict) -> Any:
                                 for p, f in factors.items()})
 
 
-def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
+def make_round(loss_fn: LossFn, config: admm.AugFLConfig,
+               strategy: str | client_axis.ClientStrategy | None = None):
   """A jitted factored AugFL round: ``round_fn(state, clients,
   reg_grad=None, participants=None) -> (state, metrics)``, the contract and
   metrics of ``round.make_round`` on a :class:`FactoredState`.
@@ -242,7 +242,7 @@ def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
   if config.hvp != "finite_difference":
     raise ValueError("the factored round needs the finite-difference HVP "
                      f"(hvp='finite_difference', got {config.hvp!r})")
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: FactoredState, clients: ClientData, reg_grad=None,
                participants=None):
@@ -259,18 +259,18 @@ def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
                            "the client's support set")
     layers, layers_q = factored_layers(loss_fn, state.params, first.support,
                                        first.query)
-    weights = select(augfl_round.client_weights(clients.num_examples,
+    weights = select(admm.client_weights(clients.num_examples,
                                                 config.uniform_weights))
     rounds = select(state.client_rounds) + 1
     dtype = jnp.result_type(*jax.tree.leaves(state.params))
-    deltas = augfl_round.delta_schedule(rounds.astype(dtype), config)
+    deltas = admm.delta_schedule(rounds.astype(dtype), config)
 
     def one_client(c):
       return client_direction(loss_fn, layers, layers_q, state.params,
                               c["support"], c["query"], alpha=config.alpha,
                               delta=c["delta"])
 
-    d_rest, d_f, query_loss, support_loss = clients_lib.map_clients(
+    d_rest, d_f, query_loss, support_loss = client_axis.map_clients(
         one_client, dict(support=support, query=query, delta=deltas),
         strategy)
     w = weights.astype(dtype)
@@ -314,26 +314,26 @@ def make_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
   return tree.checked_round(jax.jit(round_fn), position=3)
 
 
-def configured_state(config: augfl_round.AugFLConfig, loss_fn: LossFn,
+def configured_state(config: admm.AugFLConfig, loss_fn: LossFn,
                      params: Params, clients: ClientData,
                      partial: bool = False
-                     ) -> augfl_round.AugFLState | FactoredState:
+                     ) -> admm.AugFLState | FactoredState:
   """The first state, over the training ``clients``, of the round that
   ``config.dense_updates`` resolves to (:func:`choose`): a
   :class:`FactoredState` or an ``AugFLState``; ``partial``: rounds will
   take a subset of the clients."""
   if choose(config, loss_fn, params, clients) == "factored":
     return init_state(loss_fn, params, clients, config.rho, partial)
-  return augfl_round.init_state(params, clients.num_examples.shape[0])
+  return admm.init_state(params, clients.num_examples.shape[0])
 
 
-def make_configured_round(loss_fn: LossFn, config: augfl_round.AugFLConfig,
-                          strategy: str | clients_lib.ClientStrategy | None
+def make_configured_round(loss_fn: LossFn, config: admm.AugFLConfig,
+                          strategy: str | client_axis.ClientStrategy | None
                           = None):
   """``round_fn(state, clients, reg_grad=None, participants=None)`` that runs
   :func:`make_round` on a :class:`FactoredState` and ``round.make_round`` on
   an ``AugFLState`` (each compiled when first used)."""
-  materialised = augfl_round.make_round(loss_fn, config, strategy)
+  materialised = admm.make_round(loss_fn, config, strategy)
   factored = (make_round(loss_fn, config, strategy)
               if config.hvp == "finite_difference" else None)
 

@@ -10,7 +10,7 @@ run's regulariser ``"none"``) is "AugFL w/o PM": no regulariser is needed
 ``kt_only`` is Eq. (13) without the federated term (no client takes part):
 ``theta^{t+1} = theta^t - lam grad R_h(theta^t) / sum_i rho_i``.
 
-The clients' round is ``round.make_round`` on an ``AugFLState``, or
+The clients' round is ``admm.make_round`` on an ``AugFLState``, or
 ``factored.make_round`` on the ``FactoredState`` that ``start`` (the
 method's ``init_from_clients``) makes when ``config.dense_updates`` resolves
 to ``factored`` (``factored.configured_state``; ``init``, which has no
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import optax
 
 from augfl_jax.algorithms.augfl import factored
-from augfl_jax.algorithms.augfl import round as augfl
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.algorithms.augfl import admm
+from augfl_jax.core import client_axis
 from augfl_jax import models
 from augfl_jax.algorithms import base
 from augfl_jax.core.types import ClientData, Params
@@ -49,13 +49,13 @@ __all__ = [
 ]
 
 
-def uses_pm(config: augfl.AugFLConfig, regularizer: str = "crd") -> bool:
+def uses_pm(config: admm.AugFLConfig, regularizer: str = "crd") -> bool:
   """Whether the PM takes part: R_h has a weight and a kind (``lam > 0``
   and ``regularizer`` is not ``"none"``)."""
   return config.lam > 0 and regularizer != "none"
 
 
-def label(config: augfl.AugFLConfig) -> str:
+def label(config: admm.AugFLConfig) -> str:
   """"AugFL w/ PM", or "AugFL w/o PM" at ``lam = 0``."""
   return "AugFL w/ PM" if config.lam > 0 else "AugFL w/o PM"
 
@@ -65,7 +65,7 @@ class PMAidedState:
   """AugFL's state next to the server regulariser's (e.g. the CRD heads and
   memory banks); the regulariser's state never leaves the server."""
 
-  augfl: augfl.AugFLState
+  augfl: admm.AugFLState
   transfer: Any
 
 
@@ -74,8 +74,8 @@ def _kt_only_params(params, reg_grad, scale):
   return jax.tree.map(lambda p, g: p - scale * g, params, reg_grad)
 
 
-def kt_only_step(state: augfl.AugFLState, reg_grad, config: augfl.AugFLConfig,
-                 clients: ClientData) -> augfl.AugFLState:
+def kt_only_step(state: admm.AugFLState, reg_grad, config: admm.AugFLConfig,
+                 clients: ClientData) -> admm.AugFLState:
   """Eq. (13) with ``y_i = 0`` and ``theta_i = theta^t`` for every client:
   ``theta - lam reg_grad / (rho C)``."""
   scale = config.lam / (config.rho * clients.num_examples.shape[0])
@@ -83,7 +83,7 @@ def kt_only_step(state: augfl.AugFLState, reg_grad, config: augfl.AugFLConfig,
                        round=state.round + 1)
 
 
-def reg_scale(t: jax.Array, reg_grad: Params, config: augfl.AugFLConfig,
+def reg_scale(t: jax.Array, reg_grad: Params, config: admm.AugFLConfig,
               rho_sum: float) -> jax.Array:
   """The factor on ``grad R_h`` in round ``t`` (1-based) of the two
   options outside the paper: ``min(1, t / K)`` for ``lam_warmup = K``,
@@ -127,12 +127,12 @@ def server_step_norms(params: Params, new_params: Params,
 
 
 def adaptation_losses(loss_fn, params: Params, clients: ClientData,
-                      config: augfl.AugFLConfig,
-                      strategy: clients_lib.ClientStrategy
+                      config: admm.AugFLConfig,
+                      strategy: client_axis.ClientStrategy
                      ) -> dict[str, jax.Array]:
   """Every training client's losses around its adaptation step (7), ``phi_i
   = theta - alpha grad L(theta, D_i^s)``, weighted by ``w_i`` as the
-  round's ``loss`` is (``augfl.client_weights``).
+  round's ``loss`` is (``admm.client_weights``).
 
   Returns:
     Scalars ``adapt_support_before`` ``L(theta, D^s)``,
@@ -146,15 +146,15 @@ def adaptation_losses(loss_fn, params: Params, clients: ClientData,
     return jnp.stack([support_before, loss_fn(phi, c.support),
                       loss_fn(params, c.query), loss_fn(phi, c.query)])
 
-  losses = clients_lib.map_clients(one_client, clients, strategy)  # [C, 4]
-  w = augfl.client_weights(clients.num_examples, config.uniform_weights)
+  losses = client_axis.map_clients(one_client, clients, strategy)  # [C, 4]
+  w = admm.client_weights(clients.num_examples, config.uniform_weights)
   means = w @ losses / jnp.sum(w)
   names = ("adapt_support_before", "adapt_support_after",
            "adapt_query_before", "adapt_query_after")
   return dict(zip(names, means))
 
 
-def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
+def augfl_pm(model: nn.Module, config: admm.AugFLConfig, *,
              strategy: base.Strategy = None, eval_alpha: float = 0.03,
              eval_steps: int = 1, pm: base.Regularizer | None = None,
              kt_only: bool = False) -> base.FederatedAlgorithm:
@@ -165,7 +165,7 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
   ``transfer.Regularizer`` whose ``traceable`` is False: its gradient runs
   a Python loop).
 
-  Metrics of a round: AugFL's (``augfl.make_round``; KT-only: ``loss`` is
+  Metrics of a round: AugFL's (``admm.make_round``; KT-only: ``loss`` is
   ``R_h``), the regulariser's, prefixed ``kt_``, the norms of the server
   step's parts (:func:`server_step_norms`) and, with
   ``config.diagnostics``, the clients' losses around their adaptation step
@@ -174,14 +174,14 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
   name = "kt_only" if kt_only else "augfl"
   if config.lam > 0 and pm is None:
     raise ValueError(f"{name} with lam > 0 needs a server regulariser")
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   reg_init, reg_grad_fn = pm or (lambda key, params: None, None)
   loss_fn = models.make_loss_fn(model)
   round_fn = factored.make_configured_round(loss_fn, config, strategy)
 
   def init(params, num_clients, key):
     factored.choose(config, loss_fn, params, None)  # factored: needs clients
-    return PMAidedState(augfl=augfl.init_state(params, num_clients),
+    return PMAidedState(augfl=admm.init_state(params, num_clients),
                         transfer=reg_init(key, params))
 
   def init_from_clients(params, clients, key, partial):
@@ -225,7 +225,7 @@ def augfl_pm(model: nn.Module, config: augfl.AugFLConfig, *,
       or getattr(pm, "traceable", True), init_from_clients=init_from_clients)
 
 
-def kt_only(model: nn.Module, config: augfl.AugFLConfig, *,
+def kt_only(model: nn.Module, config: admm.AugFLConfig, *,
             strategy: base.Strategy = None, eval_alpha: float = 0.03,
             eval_steps: int = 1, pm: base.Regularizer | None = None
            ) -> base.FederatedAlgorithm:
@@ -234,7 +234,7 @@ def kt_only(model: nn.Module, config: augfl.AugFLConfig, *,
                   eval_steps=eval_steps, pm=pm, kt_only=True)
 
 
-def describe_start(config: augfl.AugFLConfig, loss_fn, params: Params,
+def describe_start(config: admm.AugFLConfig, loss_fn, params: Params,
                    clients: ClientData) -> str | None:
   """The dense updates ``auto`` chose for these clients
   (``factored.choose``), as a run's log shows them; None for a mode given
@@ -249,7 +249,7 @@ _facts = dict(
     uses_pm=uses_pm, describe_start=describe_start,
     eval_alpha=lambda config: config.alpha,  # held-out clients adapt with it
     pm_weight=lambda config: ("lam", config.lam))  # R_h's weight
-SPECS = (base.AlgorithmSpec("augfl", augfl.AugFLConfig, "regularizer",
+SPECS = (base.AlgorithmSpec("augfl", admm.AugFLConfig, "regularizer",
                             augfl_pm, label=label, **_facts),
-         base.AlgorithmSpec("kt_only", augfl.AugFLConfig, "regularizer",
+         base.AlgorithmSpec("kt_only", admm.AugFLConfig, "regularizer",
                             kt_only, label="KT-only", **_facts))

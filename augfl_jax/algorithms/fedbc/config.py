@@ -1,5 +1,5 @@
 """FedBC's and Per-FedBC's hyper-parameters: one config for the round
-(:mod:`~.fedbc.round`) and the local training (:mod:`~.fedbc.local`)."""
+(:mod:`~.fedbc.method`) and the local training (:mod:`~.fedbc.local`)."""
 
 from __future__ import annotations
 

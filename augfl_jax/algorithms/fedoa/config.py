@@ -1,5 +1,5 @@
 """FedOA's hyper-parameters: FedIT's (the global adapter) and the personal
-adapter's, read by the round (:mod:`~.fedoa.round`) and the personal training
+adapter's, read by the round (:mod:`~.fedoa.method`) and the personal training
 (:mod:`.personal`)."""
 
 from __future__ import annotations

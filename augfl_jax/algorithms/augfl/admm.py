@@ -29,7 +29,7 @@ import optax
 
 from augfl_jax.algorithms.augfl import checks as augfl_checks
 from augfl_jax.core import checks
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import hvp as hvp_lib
 from augfl_jax.core import tree
 from augfl_jax.core import fields
@@ -218,7 +218,7 @@ RoundFn = Callable[..., tuple[AugFLState, dict[str, jax.Array]]]
 
 
 def make_round(loss_fn: LossFn, config: AugFLConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None
+               strategy: str | client_axis.ClientStrategy | None = None
                ) -> RoundFn:
   """A jitted AugFL round over all (or the participating) clients.
 
@@ -239,7 +239,7 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
   is the backend's ``clients.default_strategy()`` (``"map"`` on CPU,
   ``"vmap"`` elsewhere), resolved here.
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: AugFLState, clients: ClientData,
                reg_grad: Params | None = None,
@@ -267,7 +267,7 @@ def make_round(loss_fn: LossFn, config: AugFLConfig,
           weight=c["weight"], alpha=config.alpha, rho=config.rho,
           delta=c["delta"], hvp=config.hvp)
 
-    thetas, duals, client_metrics = clients_lib.map_clients(
+    thetas, duals, client_metrics = client_axis.map_clients(
         one_client, per_client, strategy)
     client_params = merge(state.client_params, thetas)
     all_duals = merge(state.duals, duals)

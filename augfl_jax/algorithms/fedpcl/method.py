@@ -61,7 +61,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import evaluation, local, tree
 from augfl_jax.algorithms import averaging, base, prototypes
 from augfl_jax.algorithms.fedpcl import contrastive as fedpcl_contrastive
@@ -148,7 +148,7 @@ def local_update(project, config: FedPCLConfig, params: Params,
 
 
 def make_round(model: nn.Module, config: FedPCLConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None, *,
+               strategy: str | client_axis.ClientStrategy | None = None, *,
                encoder_apply: EncoderApply):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
@@ -157,7 +157,7 @@ def make_round(model: nn.Module, config: FedPCLConfig,
   Metrics: ``loss`` (participants' training loss, sample-weighted) and
   ``client_loss`` (one per participant).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   project = fedpcl_contrastive.make_project_fn(model)
 
   def round_fn(state: FedPCLState, clients: ClientData,
@@ -178,7 +178,7 @@ def make_round(model: nn.Module, config: FedPCLConfig,
 
 
 def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
-                  strategy: str | clients_lib.ClientStrategy | None = None,
+                  strategy: str | client_axis.ClientStrategy | None = None,
                   encoder_apply: EncoderApply):
   """Jitted ``evaluate(state, clients) -> metrics`` on held-out clients.
 
@@ -189,7 +189,7 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
   suffix ``_local`` or ``_global``, and ``loss`` (``L_g + L_p`` on the query
   set, sample-weighted).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   project = fedpcl_contrastive.make_project_fn(model)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)
@@ -223,7 +223,7 @@ def make_evaluate(model: nn.Module, config: FedPCLConfig, *,
 
   def evaluate(state: FedPCLState, clients: ClientData):
     keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
-    correct_local, correct_global, loss, count = clients_lib.map_clients(
+    correct_local, correct_global, loss, count = client_axis.map_clients(
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy)
     scored, other = ((correct_global, correct_local)
                      if config.predict == "global"
@@ -248,7 +248,7 @@ def fedpcl(model: nn.Module, config: FedPCLConfig, *,
   if pm is None:
     raise ValueError("fedpcl needs pm: the frozen pretrained encoder "
                      "(x, mask) -> features")
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   return base.FederatedAlgorithm(
       "fedpcl", init_state,
       make_round(model, config, strategy, encoder_apply=pm),

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import evaluation, local, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base, prototypes
@@ -170,13 +170,13 @@ def local_update(model: nn.Module, config: FedCPConfig, params: Params,
 
 
 def make_round(model: nn.Module, config: FedCPConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
+               strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   Local data is support ∪ query. Metrics: ``loss`` (participants' training
   loss, sample-weighted), ``client_loss`` (one per participant).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: FedCPState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -201,14 +201,14 @@ def make_round(model: nn.Module, config: FedCPConfig,
 
 
 def make_evaluate(model: nn.Module, config: FedCPConfig, *,
-                  strategy: str | clients_lib.ClientStrategy | None = None):
+                  strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``evaluate(state, clients) -> metrics`` on held-out clients.
 
   Each client personalises on its support set (module docstring) and is
   scored on its query set: ``accuracy``, ``accuracy_std``,
   ``client_accuracy``, ``loss`` (query cross-entropy, sample-weighted).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   epochs = (config.local_epochs if config.eval_epochs is None
             else config.eval_epochs)
   if config.eval_lr is not None:  # the held-out clients' own step size
@@ -240,7 +240,7 @@ def make_evaluate(model: nn.Module, config: FedCPConfig, *,
 
   def evaluate(state: FedCPState, clients: ClientData):
     keys = averaging.heldout_keys(state, clients.num_clients, EVAL_SALT)
-    return evaluation.summarise(*clients_lib.map_clients(
+    return evaluation.summarise(*client_axis.map_clients(
         lambda c: one_client(state, c[0], c[1]), (clients, keys), strategy))
 
   return jax.jit(evaluate)
@@ -253,7 +253,7 @@ def fedcp(model: nn.Module, config: FedCPConfig, *,
   ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused)."""
   del eval_alpha, eval_steps
   base.no_pm("fedcp", pm)
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   return base.FederatedAlgorithm(
       "fedcp", init_state, make_round(model, config, strategy),
       make_evaluate(model, config, strategy=strategy),

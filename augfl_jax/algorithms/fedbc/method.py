@@ -52,7 +52,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import evaluation, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base
@@ -114,7 +114,7 @@ def server_update(client_params: Params, lambdas: jax.Array,
 
 
 def make_round(loss_fn: LossFn, config: FedBCConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
+               strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   ``clients`` holds all ``C`` training clients; ``participants`` (``[K]``
@@ -124,7 +124,7 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
   (mean ``||x_j - z^t||^2``) and ``fallback`` (1.0 when the lambdas summed to
   0 and the server took the sample-weighted mean).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: FedBCState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -155,7 +155,7 @@ def make_round(loss_fn: LossFn, config: FedBCConfig,
 
 def make_evaluate(loss_fn: LossFn, eval_fn: evaluation.EvalFn,
                   config: FedBCConfig, *,
-                  strategy: str | clients_lib.ClientStrategy | None = None,
+                  strategy: str | client_axis.ClientStrategy | None = None,
                   eval_alpha: float | None = None,
                   eval_steps: int | None = None
                  ) -> Callable[[FedBCState, ClientData], dict]:
@@ -170,7 +170,7 @@ def make_evaluate(loss_fn: LossFn, eval_fn: evaluation.EvalFn,
     jitted ``evaluate(state, clients)`` with ``accuracy`` (sample-weighted),
     ``accuracy_std``, ``loss`` and ``client_accuracy`` (``[C]``).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   own_alpha, own_steps = ((config.alpha, config.inner_steps)
                           if config.personalized else (config.lr, 1))
   evaluator = evaluation.make_evaluator(
@@ -182,7 +182,7 @@ def make_evaluate(loss_fn: LossFn, eval_fn: evaluation.EvalFn,
 
 
 def make_evaluate_local(loss_fn: LossFn, eval_fn: evaluation.EvalFn, *,
-                        strategy: str | clients_lib.ClientStrategy | None = None
+                        strategy: str | client_axis.ClientStrategy | None = None
                        ) -> Callable[[FedBCState, ClientData], dict]:
   """The paper's training-client metrics, no adaptation.
 
@@ -194,7 +194,7 @@ def make_evaluate_local(loss_fn: LossFn, eval_fn: evaluation.EvalFn, *,
     ``local_client_accuracy``) and ``global_*`` (z on every client's query
     set; ``global_accuracy`` is the pooled accuracy).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   local_eval = evaluation.make_evaluator(loss_fn, eval_fn, alpha=0.0,
                                          steps=0, strategy=strategy,
                                          per_client_params=True)
@@ -222,7 +222,7 @@ def fedbc(model: nn.Module, config: FedBCConfig, *,
   """
   name = "per_fedbc" if personalized else "fedbc"
   base.no_pm(name, pm)
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   config = dataclasses.replace(config, personalized=personalized)
   loss_fn = models.make_loss_fn(model)
   return base.FederatedAlgorithm(

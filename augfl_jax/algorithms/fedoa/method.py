@@ -55,7 +55,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from augfl_jax.core import client_axis as clients_lib
+from augfl_jax.core import client_axis
 from augfl_jax.core import evaluation, local, tree
 from augfl_jax import models
 from augfl_jax.algorithms import averaging, base, fedit
@@ -119,14 +119,14 @@ def client_update(model: nn.Module, config: FedOAConfig, backbone: Params,
 
 
 def make_round(model: nn.Module, config: FedOAConfig,
-               strategy: str | clients_lib.ClientStrategy | None = None):
+               strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``round_fn(state, clients, participants=None) -> (state, metrics)``.
 
   Metrics: ``loss`` (the global copies' sample-weighted local loss, as
   FedIT's), ``personal_loss`` (the personal objective, sample-weighted),
   ``client_loss`` and ``client_personal_loss`` (``[K]``).
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
 
   def round_fn(state: FedOAState, clients: ClientData,
                participants: jax.Array | None = None):
@@ -152,7 +152,7 @@ global_params = fedit.global_params
 
 
 def make_evaluate(model: nn.Module, config: FedOAConfig, *,
-                  strategy: str | clients_lib.ClientStrategy | None = None):
+                  strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``evaluate(state, clients)`` on held-out clients.
 
   Client i trains a personal adapter from the global adapter with the FedOA
@@ -161,7 +161,7 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
   folded with i) and is scored on its query set. Metrics as
   ``fedit.make_evaluate``.
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   eval_fn = models.make_eval_fn(model)
 
   def evaluate(state, clients: ClientData):
@@ -175,7 +175,7 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
       loss, correct = scored(personal, c["data"].query)
       return loss, correct, jnp.sum(c["data"].query["mask"])
 
-    return evaluation.summarise(*clients_lib.map_clients(
+    return evaluation.summarise(*client_axis.map_clients(
         one_client, dict(data=clients, key=keys), strategy))
 
   return jax.jit(evaluate)
@@ -183,7 +183,7 @@ def make_evaluate(model: nn.Module, config: FedOAConfig, *,
 
 def make_evaluate_personal(
     model: nn.Module, config: FedOAConfig, *,
-    strategy: str | clients_lib.ClientStrategy | None = None):
+    strategy: str | client_axis.ClientStrategy | None = None):
   """Jitted ``evaluate_personal(state, batch)``: every training client's
   personal adapter scored as it is (no adaptation).
 
@@ -199,7 +199,7 @@ def make_evaluate_personal(
     examples, all clients), ``accuracy_std``, ``loss``, ``client_accuracy``
     ``[C]``.
   """
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   eval_fn = models.make_eval_fn(model)
 
   def evaluate_personal(state: FedOAState, batch: Batch):
@@ -214,7 +214,7 @@ def make_evaluate_personal(
     per_client = {"personal": state.personal_adapters}
     if not shared:
       per_client["batch"] = batch
-    return evaluation.summarise(*clients_lib.map_clients(
+    return evaluation.summarise(*client_axis.map_clients(
         one_client, per_client, strategy))
 
   return jax.jit(evaluate_personal)
@@ -228,7 +228,7 @@ def fedoa(model: nn.Module, config: FedOAConfig, *,
   follow ``make_evaluate`` (``eval_alpha`` / ``eval_steps`` unused)."""
   del eval_alpha, eval_steps
   base.no_pm("fedoa", pm)
-  strategy = clients_lib.as_strategy(strategy)
+  strategy = client_axis.as_strategy(strategy)
   return base.FederatedAlgorithm(
       "fedoa", lambda params, num_clients, key: init_state(
           params, num_clients, key, config),
