@@ -381,4 +381,5 @@ def test_a_config_saved_before_dense_updates_reads_as_materialised():
   assert fields.from_dict(training.RunConfig, {
       "seed": 3}).augfl.dense_updates == "auto"  # no section: the default
   with pytest.raises(ValueError, match="augfl.dense_updates"):
-    resume.check_resume_config(old, training.RunConfig(), (), "step_2")
+    resume.check_resume_config(old, training.prepare(training.RunConfig()),
+                               (), "step_2")
