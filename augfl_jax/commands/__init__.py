@@ -11,4 +11,6 @@ imports it: the library itself defines no flags.
   work.
 """
 
+from augfl_jax.commands import flag_help, output_files, runner
+
 __all__ = ["flag_help", "output_files", "runner"]

@@ -41,26 +41,19 @@ Log = Callable[[str], None]
 
 
 class Wired(NamedTuple):
-  """What an algorithm is built with once its PM took its role.
-
-  Attributes:
-    model: the model it trains (the client model; the PM for
-      ``backbone``; the spec's ``head`` for ``encoder``).
-    name: that model's name in the run's log.
-    params: its initial parameters where the PM gives them
-      (``initialization``, ``backbone``); None: initialised from the run's
-      key.
-    input_shape: the shape of one of its inputs (the encoder's features
-      for ``encoder``).
-    regularizer: the server's ``(init_fn, grad_fn)`` for ``regularizer``.
-    encoder_apply: the frozen encoder for ``encoder``.
-  """
-
+  """What an algorithm is built with once its PM took its role."""
+  # the model it trains (the client model; the PM for ``backbone``; the
+  # spec's ``head`` for ``encoder``), and its name in the run's log
   model: nn.Module
   name: str
+  # its initial parameters where the PM gives them (``initialization``,
+  # ``backbone``); None: initialised from the run's key
   params: Any
+  # the shape of one of its inputs (the encoder's features for ``encoder``)
   input_shape: tuple[int, ...]
+  # the server's ``(init_fn, grad_fn)`` for ``regularizer``
   regularizer: algorithms.Regularizer | None = None
+  # the frozen encoder for ``encoder``
   encoder_apply: Callable[..., jax.Array] | None = None
 
 
