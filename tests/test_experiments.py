@@ -25,9 +25,10 @@ def test_run_writes_its_files(tmp_path, algorithm):
   config = training.RunConfig(
       algorithm=algorithm, rounds=4, eval_every=2,
       pm=training.PMConfig(dir=str(tmp_path / "pm"), epochs=1))
-  summary = training.run(config, str(tmp_path), log=lambda s: None)
+  run_dir = tmp_path / "run"  # beside the PM's directory, not holding it
+  summary = training.run(config, str(run_dir), log=lambda s: None)
   records = [json.loads(line)
-             for line in open(tmp_path / "metrics.jsonl").read().splitlines()]
+             for line in open(run_dir / "metrics.jsonl").read().splitlines()]
   assert [r["round"] for r in records] == [2, 4]
   keys = {"round", "mean_train_loss", "accuracy", "accuracy_ci",
           "accuracy_std", "test_loss", "client_accuracy", "client_count",
@@ -50,20 +51,20 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert np.isclose(np.sum(split["client_correct"]) /
                     np.sum(split["client_count"]), split["accuracy"])
   assert split["accuracy_ci"][0] <= split["accuracy"] <= split["accuracy_ci"][1]
-  saved = json.load(open(tmp_path / "summary.json"))
+  saved = json.load(open(run_dir / "summary.json"))
   assert saved["final_accuracy"] == summary["final_accuracy"] == records[-1]["accuracy"]
   assert saved["final_accuracy_ci"] == records[-1]["accuracy_ci"]
   assert saved["test_split"]["accuracy"] == split["accuracy"]
   assert saved["test_split"]["round"] == 4
   assert "left unused" in saved["test_split"]["source"]  # digits
-  resolved = json.load(open(tmp_path / "config.json"))
+  resolved = json.load(open(run_dir / "config.json"))
   assert resolved["model"] == "mlp" and resolved["data"]["num_clients"] == 40
   assert resolved["augfl"]["lam"] == 5.0 and resolved["eval"]["alpha"] == (
       0.03)
   # what ran, not "auto"
   assert resolved["strategy"] == clients.default_strategy().name
   assert resolved["conv_impl"] == models.default_conv_impl()
-  assert "clients: 40" in open(tmp_path / "partition.txt").read()
+  assert "clients: 40" in open(run_dir / "partition.txt").read()
   # config.json says which sections the run read (the others hold values
   # it never used); it reads back as the same run, with or without that
   # list (a run of an older version), and curves leave the list out.
@@ -74,13 +75,13 @@ def test_run_writes_its_files(tmp_path, algorithm):
   assert set(resolved) - {"read_sections"} == set(fields.to_dict(
       training.validate(config)))
   lines = []
-  assert training.run(config, str(tmp_path), log=lines.append) == saved
+  assert training.run(config, str(run_dir), log=lines.append) == saved
   assert "nothing to train" in lines[-1]
   del resolved["read_sections"]
-  with open(tmp_path / "config.json", "w") as f:
+  with open(run_dir / "config.json", "w") as f:
     json.dump(resolved, f)
-  assert training.run(config, str(tmp_path), log=lambda s: None) == saved
-  flat, _ = curves.load_run(str(tmp_path))
+  assert training.run(config, str(run_dir), log=lambda s: None) == saved
+  flat, _ = curves.load_run(str(run_dir))
   assert "read_sections" not in flat and flat["algorithm"] == algorithm
 
 
