@@ -1,9 +1,23 @@
-r"""Per-round cost of AugFL / FedAvg / Per-FedAvg rounds, with references.
+r"""Per-round cost of AugFL / FedAvg / Per-FedAvg rounds, with references;
+or of every registered method's round against FedAvg's (``--per_method``).
 
   python -m benchmarks.round_cost --clients=10,40,100 --models=cnn \
       --strategies=map,chunked:8,vmap --conv_impls=patches,xla \
       --output=round_cost.json
   python -m benchmarks.round_cost --dense_updates=materialised,factored
+  python -m benchmarks.round_cost --per_method --dataset=fashion_mnist \
+      --methods=fedavg,augfl,fedoa
+
+``--per_method`` (:func:`time_methods`) builds each of ``--methods``
+(default: every registered method, ``augfl_jax.algorithms.REGISTRY``) as
+``experiments.run`` would on ``--dataset`` (its preset; the PM its run
+uses, pretrained into the run's ``pm.dir`` first where none is there),
+and times its round as the run's loop runs it, on every training client:
+after a first call (compiling included) and ``--warmup`` rounds, the
+methods run round-robin, one round each in turn, ``--repeats`` times; the
+table gives each median and its ratio to FedAvg's round of the same passes.
+The grid's flags (``--models``, ``--clients``, ``--strategies``, ...) do not
+apply there.
 
 For each cell (algorithm, model, conv_impl, clients C, examples n, strategy,
 and AugFL's ``dense_updates``: the dense kernels' per-client quantities
@@ -50,9 +64,10 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from augfl_jax import models
+from augfl_jax import algorithms, data, models, processes, training
 from augfl_jax.algorithms.augfl import factored
 from augfl_jax.core import client_axis
+from augfl_jax.training import rounds
 from benchmarks import cells
 from benchmarks import command
 
@@ -95,8 +110,17 @@ def define_flags() -> None:
                     "With --compile_only: compile the round with the state "
                     "donated (jax.jit(..., donate_argnums=0)), so the new "
                     "per-client state reuses the old one's buffers.")
-  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights.",
-                       lower_bound=0)
+  flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and weights "
+                       "(--per_method: the runs' seed).", lower_bound=0)
+  flags.DEFINE_bool("per_method", False,
+                    "Time the round of each of --methods as a run of "
+                    "--dataset builds it, against FedAvg's, instead of the "
+                    "grid.")
+  flags.DEFINE_list("methods", list(algorithms.REGISTRY),
+                    "With --per_method: the registered methods to time "
+                    "(FedAvg, the reference, is always timed).")
+  flags.DEFINE_string("dataset", "fashion_mnist",
+                      "With --per_method: the runs' dataset (its preset).")
   command.choices("algorithms", cells.ALGORITHMS)
   command.choices("models", sorted(cells.MODELS))
   command.integers("clients", 1)
@@ -105,6 +129,8 @@ def define_flags() -> None:
                "sharded[:INNER])", client_axis.as_strategy)
   command.choices("conv_impls", ("auto",) + models.CONV_IMPLS)
   command.choices("dense_updates", cells.DENSE_UPDATES)
+  command.choices("methods", tuple(algorithms.REGISTRY))
+  command.check("dataset", data.canonical_name)
   command.each("references", "python_loop, torch, torch_vmap, torch:N or "
                "torch_vmap:N (N >= 1 threads)", _is_reference, empty=True)
   command.output()
@@ -297,7 +323,7 @@ def _compile_only(algorithm: str, problem: cells.Problem, state: Any,
       "torch_max_abs_diff": None, "reference_max_abs_diff": {}}
 
 
-def machine_info(peak_before: float) -> dict[str, Any]:
+def machine_info(peak_before: float | None) -> dict[str, Any]:
   info = {"platform": platform.platform(), "python": platform.python_version(),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "devices": [str(d) for d in jax.devices()],
@@ -346,9 +372,114 @@ def format_table(results: list[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def time_methods(configs: dict[str, training.RunConfig], repeats: int,
+                 warmup: int = 1, log: Callable[[str], None] = print
+                ) -> list[dict[str, Any]]:
+  """Times the round of each run of ``configs`` (a method's name -> its
+  run's configuration; ``"fedavg"`` among them, the reference) as
+  ``training.run`` runs it: the run built (``training.build``: its data,
+  its PM), its round jitted in the non-finite guard with its state donated
+  (``rounds.compiled_round``) on every training client, each call until
+  its state and metrics are ready. After a first call (compiling
+  included) and ``warmup`` untimed rounds each, the methods run
+  round-robin, one round each in turn, ``repeats`` times, so that load on
+  a shared machine hits them alike.
+
+  Returns:
+    One dict per method, in ``configs``' order: ``method``, ``model``,
+    ``train_clients``, ``first_call_s``, ``round_s`` (median, min, max,
+    all), ``ratio_to_fedavg`` (its median over FedAvg's) and
+    ``paired_ratio_to_fedavg`` (the median over the passes of its round
+    over FedAvg's of the same pass).
+  """
+  if "fedavg" not in configs:
+    raise ValueError("time_methods needs FedAvg's run, the reference")
+  runs: dict[str, dict[str, Any]] = {}
+  for name, config in configs.items():
+    built = training.build(training.prepare(config), log=log)
+    clients = processes.place_clients(built.data.train, built.plan.strategy)
+    runs[name] = {"built": built, "step": rounds.compiled_round(
+        built.algorithm), "clients": clients, "state": built.start(),
+                  "round": 0}
+
+  def one_round(name: str) -> float:
+    run_ = runs[name]
+    run_["round"] += 1
+    ids = run_["built"].participants(run_["round"])
+    start = time.perf_counter()
+    run_["state"], metrics = run_["step"](run_["state"], run_["clients"],
+                                          ids)
+    jax.block_until_ready((run_["state"], metrics))
+    return time.perf_counter() - start
+
+  first = {}
+  for name in runs:
+    first[name] = one_round(name)
+    for _ in range(warmup):
+      one_round(name)
+    log(f"{name}: first round {first[name]:.2f} s (compiling included)")
+  times: dict[str, list[float]] = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name in runs:
+      times[name].append(one_round(name))
+  reference = statistics.median(times["fedavg"])
+  return [{"method": name, "model": run_["built"].plan.config.model,
+           "train_clients": run_["built"].data.train.num_clients,
+           "first_call_s": first[name], "round_s": _summary(times[name]),
+           "ratio_to_fedavg": statistics.median(times[name]) / reference,
+           "paired_ratio_to_fedavg": statistics.median(
+               a / b for a, b in zip(times[name], times["fedavg"]))}
+          for name, run_ in runs.items()]
+
+
+def format_methods(results: list[dict[str, Any]]) -> str:
+  """One line per method of :func:`time_methods`: its first call, its
+  round's median, min and max, and its ratios to FedAvg's round."""
+  head = (f"{'method':<11} {'model':<11} {'C':>5} {'first':>8} "
+          f"{'median':>9} {'min':>9} {'max':>9} {'/fedavg':>8} "
+          f"{'paired':>7}")
+  lines = [head, "-" * len(head)]
+  for r in results:
+    t = r["round_s"]
+    lines.append(
+        f"{r['method']:<11} {r['model']:<11} {r['train_clients']:>5} "
+        f"{r['first_call_s']:>8.2f} {t['median']:>9.4f} {t['min']:>9.4f} "
+        f"{t['max']:>9.4f} {r['ratio_to_fedavg']:>8.2f} "
+        f"{r['paired_ratio_to_fedavg']:>7.2f}")
+  return "\n".join(lines)
+
+
+def run_methods(f: Any) -> dict[str, Any]:
+  """``--per_method``: :func:`time_methods` of FedAvg and ``f.methods`` on
+  ``f.dataset``; prints the table and returns (and writes) the results."""
+  names = list(dict.fromkeys(["fedavg", *f.methods]))
+  configs = {name: training.RunConfig(dataset=f.dataset, algorithm=name,
+                                      seed=f.seed) for name in names}
+  results = time_methods(configs, f.repeats, f.warmup)
+  out = {"machine": machine_info(None), "flags": {
+      k: getattr(f, k) for k in ("per_method", "methods", "dataset",
+                                 "repeats", "warmup", "seed")},
+         "results": results}
+  print(format_methods(results))
+  return _written(out, f.output)
+
+
+def _written(out: dict[str, Any], path: str) -> dict[str, Any]:
+  """``out``, written as JSON to ``path`` (empty: not written), saying
+  so."""
+  if path:
+    with open(path, "w") as fh:
+      json.dump(out, fh, indent=1)
+    print(f"wrote {path}")
+  return out
+
+
 def run(argv_flags: Any = None) -> dict[str, Any]:
-  """Runs the grid given by the flags; returns (and writes) the results."""
+  """Runs the grid given by the flags (or, ``per_method``, each method's
+  round: :func:`run_methods`); returns (and writes) the results."""
   f = argv_flags or FLAGS
+  if getattr(f, "per_method", False):
+    return run_methods(f)
   peak = matmul_peak(f.matmul_size)
   machine = machine_info(peak)
   print(f"matmul peak ({f.matmul_size}^2 f32, jitted): {peak:.1f} GFLOP/s")
@@ -377,11 +508,7 @@ def run(argv_flags: Any = None) -> dict[str, Any]:
          "results": results}
   print()
   print(format_table(results))
-  if f.output:
-    with open(f.output, "w") as fh:
-      json.dump(out, fh, indent=1)
-    print(f"wrote {f.output}")
-  return out
+  return _written(out, f.output)
 
 
 def main(argv: list[str]) -> None:

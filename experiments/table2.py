@@ -40,13 +40,19 @@ written only where ``--results_dir=results`` names them:
   PM minus w/o PM, paired) over seeds and per seed; a line saying that an
   interval across seeds needs at least 3 seeds where a method has fewer;
   then every run with its intervals across clients (``experiments.scores``
-  defines them all);
+  defines them all); then where the runs' wall time went, by phase
+  (``training.phases``: setup, PM, first round with its compilation,
+  rounds, evaluations, checkpoints), summed per method and over the
+  table, in seconds and % (:func:`phase_lines`);
 * ``table2.csv``: the same figures, in %: one row per run (``seed`` a
   number, intervals across clients), per method (``seed`` "all",
   intervals across seeds) and for the PM's effect (``method``
   ``pm_effect``); ``scored_on`` says whether the accuracy is the
   test-split clients' or the held-out clients';
-* ``table2.json``: the configuration the table is of. A table of another
+* ``table2.json``: the configuration the table is of, and each run's
+  phases (``runs``: method, seed, ``phase_seconds`` of its
+  ``summary.json``, null for a run of a version that did not record
+  them; a table of an older version has no ``runs``). A table of another
   configuration (other fields, or seeds or methods it lacks) is never
   overwritten: the command stops before any run unless
   ``--replace_results`` is given.
@@ -63,7 +69,7 @@ from absl import flags
 
 from augfl_jax import algorithms, training
 from augfl_jax.core import fields, intervals
-from augfl_jax.training import outputs
+from augfl_jax.training import outputs, phases
 from experiments import cli
 from experiments import scores, sweep
 
@@ -291,11 +297,89 @@ def write_table(runs: list[scores.RunScore], dataset: str,
     rows.append(_csv_row(r.method, str(r.seed), r.rounds, acc, diff, held,
                          f"{100 * r.best_heldout:.2f}", f"{r.seconds:.0f}",
                          where, "clients"))
+  lines += phase_lines(run_phases(runs), methods,
+                       {m: method_label(m, configs[m]) for m in methods})
   outputs.write_text_atomic(os.path.join(out, "table2.csv"),
                             sweep.csv_text(rows))
   text = "\n".join(lines) + "\n"
   outputs.write_text_atomic(os.path.join(out, "table2.md"), text)
   return text
+
+
+# What table2.md calls a run's phases (``training.phases``), where it
+# differs from their name.
+PHASE_TITLES = {"first_round": "first round", "first_heldout_eval":
+                "first held-out eval", "heldout_eval": "held-out evals",
+                "first_test_split_eval": "first test-split scoring",
+                "test_split_eval": "test-split scorings", "pm": "PM"}
+
+
+def run_phases(runs: list[scores.RunScore]) -> list[dict[str, Any]]:
+  """Each run's ``method``, ``seed`` and ``phase_seconds`` (where its wall
+  time went: its ``summary.json``'s, ``training.phases``; ``None`` for a
+  run of a version that did not record them), as ``table2.json``'s
+  ``runs`` holds them."""
+  records = []
+  for r in runs:
+    try:
+      with open(os.path.join(r.run_dir, "summary.json")) as f:
+        phases = json.load(f).get("phase_seconds")
+    except (OSError, ValueError, AttributeError):
+      phases = None
+    records.append({"method": r.method, "seed": r.seed,
+                    "phase_seconds": phases if isinstance(phases, dict)
+                    else None})
+  return records
+
+
+def _seconds_and_share(seconds: float, total: float) -> str:
+  share = f"{100 * seconds / total:.1f}%" if total > 0 else "–"
+  return f"{seconds:.1f} ({share})"
+
+
+def phase_lines(records: list[dict[str, Any]], methods: list[str],
+                labels: dict[str, str]) -> list[str]:
+  """table2.md's lines of where the runs' wall time went: ``records``
+  (:func:`run_phases`) summed by phase per method (in ``methods``' order,
+  named by ``labels``) and over the table, each in seconds and % of its
+  row's total (a total: % of the table's); the runs that record no phases
+  are named and left out."""
+  timed = [r for r in records if r["phase_seconds"]]
+  lacking = [f"{labels[r['method']]} seed {r['seed']}" for r in records
+             if not r["phase_seconds"]]
+  lines = ["", "Where the runs' wall time went (each run's `phase_seconds` "
+           "in its summary.json, augfl_jax.training.phases), in seconds "
+           "summed over a method's runs and over the table, with % of the "
+           "row's total (the total's %: of the table's). A run's wall time "
+           "counts from its start to its summary, its data, PM and "
+           "compilation included (the seconds above count its rounds from "
+           "the first); \"first round\" and each \"first\" evaluation are "
+           "a session's first call, compiling included; setup is the rest "
+           "(data, partition, model, files)."]
+  if not timed:
+    return lines[:1] + ["No run records where its time went (runs of a "
+                        "version without `phase_seconds`)."]
+  names = phases.ordered({n for r in timed for n in r["phase_seconds"]})
+  lines += ["", "| method | runs | total | " + " | ".join(
+      PHASE_TITLES.get(n, n) for n in names) + " |",
+            "|---|---|---|" + "---|" * len(names)]
+  grand = sum(sum(r["phase_seconds"].values()) for r in timed)
+  rows = [(labels[m], [r for r in timed if r["method"] == m])
+          for m in methods] + [("all methods", timed)]
+  for label, mine in rows:
+    if not mine:
+      continue
+    summed = {n: sum(r["phase_seconds"].get(n, 0.0) for r in mine)
+              for n in names}
+    total = sum(summed.values())
+    lines.append(f"| {label} | {len(mine)} | "
+                 f"{_seconds_and_share(total, grand)} | " + " | ".join(
+                     _seconds_and_share(summed[n], total) for n in names)
+                 + " |")
+  if lacking:
+    lines += ["", "Not in these sums (no phases recorded: a run of an "
+              f"older version): {'; '.join(lacking)}."]
+  return lines
 
 
 def check_results(directory: str, key: dict[str, Any], replace: bool
@@ -322,7 +406,7 @@ def run_table(base: training.RunConfig, datasets: list[str],
   """Runs (or reuses) every (dataset, method, seed) cell under
   ``out/<dataset>/<method>/seed<seed>`` and writes each dataset's tables to
   ``results_dir/<dataset>/`` (``table2.md``, ``table2.csv`` and
-  ``table2.json``, the configuration they are of).
+  ``table2.json``, the configuration they are of and the runs' phases).
 
   Args:
     base: the configuration every cell starts from (its ``dataset`` is
@@ -419,8 +503,9 @@ def _run_table(datasets, methods, seeds, out, runs, configs,
     # What the table is of first: a table stopped between its files is
     # then one its rerun writes again, never one it refuses.
     outputs.write_text_atomic(os.path.join(directory, "table2.json"),
-                              json.dumps(keys[dataset], indent=1,
-                                         sort_keys=True))
+                              json.dumps({**keys[dataset],
+                                          "runs": run_phases(runs)},
+                                         indent=1, sort_keys=True))
     texts.append(write_table(runs, configs[dataset][methods[0]].dataset,
                              methods, configs[dataset], directory,
                              _scored_on(rows), seeds))

@@ -15,6 +15,8 @@ import types
 import jax
 import pytest
 
+from augfl_jax import algorithms, training
+from augfl_jax.core import fields
 from augfl_jax.training import defaults
 from benchmarks import cells
 from benchmarks import round_cost
@@ -237,6 +239,43 @@ def test_crd_cost_variants_take_the_students_convolutions_and_loop():
   cpu = jax.default_backend() == "cpu"
   assert defaults.crd_loop("xla") == ("python" if cpu else "scan")
   assert defaults.crd_loop("patches") == "scan"
+
+
+# Few clients; FedBC's five local epochs over synthetic's largest clients
+# take most of the time: one epoch shows the same.
+QUICKER = {"fedbc": {"fedbc.local_epochs": 1},
+           "per_fedbc": {"fedbc.local_epochs": 1}}
+
+
+@pytest.mark.slow
+def test_round_cost_times_every_registered_method_against_fedavg(tmp_path):
+  """--per_method at toy size (synthetic, 10 clients, PMs of 1 epoch, 1
+  repeat): every registered method's round runs, and each has its ratio to
+  FedAvg's round of the same pass."""
+  configs = {}
+  for name in algorithms.REGISTRY:
+    config = fields.replace(training.RunConfig(
+        dataset="synthetic", algorithm=name, pm=training.PMConfig(epochs=1)),
+        **{"data.num_clients": 10, **QUICKER.get(name, {})})
+    resolved = training.validate(config)
+    if training.pm_role(resolved) != "none":
+      # FedLP's PM is the client model; the others share the dataset's PM.
+      pm = resolved.pm.model + ("_client" if name == "fedlp" else "")
+      config = fields.replace(config, **{"pm.dir": str(tmp_path / pm)})
+    configs[name] = config
+  results = round_cost.time_methods(configs, repeats=1, warmup=0,
+                                    log=lambda line: None)
+  assert [r["method"] for r in results] == list(algorithms.REGISTRY)
+  for r in results:
+    assert len(r["round_s"]["all"]) == 1 and r["round_s"]["median"] > 0
+    assert r["first_call_s"] > 0 and r["ratio_to_fedavg"] > 0
+    assert r["paired_ratio_to_fedavg"] == pytest.approx(r["ratio_to_fedavg"])
+  assert next(r for r in results if r["method"] == "fedavg")[
+      "ratio_to_fedavg"] == 1.0
+  table = round_cost.format_methods(results).splitlines()
+  assert "/fedavg" in table[0] and len(table) == 2 + len(results)
+  with pytest.raises(ValueError, match="FedAvg"):
+    round_cost.time_methods({}, repeats=1)
 
 
 # ----------------------------------------------------------------------------

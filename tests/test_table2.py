@@ -82,8 +82,27 @@ def test_table_has_its_rows_and_a_rerun_reuses_every_cell(tmp_path,
   assert float(rows[2]["heldout_accuracy"]) == pytest.approx(
       100 * run["accuracy"], abs=0.006)
   assert float(rows[2]["seconds"]) > 0
-  assert json.load(open(os.path.join(results, "digits", "table2.json")))[
-      "seeds"] == [0]
+  recorded = json.load(open(os.path.join(results, "digits", "table2.json")))
+  assert recorded["seeds"] == [0]
+  # Each run's phases, as its summary.json has them, and their sums under
+  # the table: per method and over it, in seconds and %.
+  spent = {m: json.load(open(os.path.join(out, "digits", m, "seed0",
+                                          "summary.json")))["phase_seconds"]
+           for m in ("fedavg", "augfl_wo_pm")}
+  assert recorded["runs"] == [
+      {"method": m, "seed": 0, "phase_seconds": spent[m]} for m in spent]
+  phase_rows = text.split("Where the runs' wall time went")[1].splitlines()
+  head = [c.strip() for c in next(line for line in phase_rows
+                                  if line.startswith("| method |")).split("|")]
+  assert head[1:5] == ["method", "runs", "total", "setup"]
+  assert "first round" in head and "first test-split scoring" in head
+  total = sum(sum(p.values()) for p in spent.values())
+  fedavg = [line for line in phase_rows if line.startswith("| FedAvg | 1 |")]
+  assert len(fedavg) == 1 and fedavg[0].split(" | ")[2] == (
+      f"{sum(spent['fedavg'].values()):.1f} "
+      f"({100 * sum(spent['fedavg'].values()) / total:.1f}%)")
+  assert any(line.startswith(f"| all methods | 2 | {total:.1f} (100.0%) |")
+             for line in phase_rows)
 
   def fail(*a, **k):
     raise AssertionError("recomputed a finished cell")
@@ -185,6 +204,24 @@ def test_more_rounds_continue_the_finished_cells(tmp_path):
   assert rows[1]["rounds"] == "2"
 
 
+def test_a_table2_json_without_phases_still_reads(tmp_path):
+  """A table of a version before the runs' phases (the committed
+  Fashion-MNIST table's table2.json, without ``runs``) is checked against a
+  new table's configuration as before: the same one passes, another is
+  refused."""
+  directory = tmp_path / "fashion_mnist"
+  shutil.copytree(os.path.join(ROOT, "results", "fashion_mnist"), directory)
+  old = json.load(open(directory / "table2.json"))
+  old.pop("runs", None)  # as a version before them wrote it
+  (directory / "table2.json").write_text(json.dumps(old))
+  key = {"cells": old["cells"], "seeds": old["seeds"]}
+  table2.check_results(str(directory), key, replace=False)
+  other = json.loads(json.dumps(key))
+  other["cells"]["fedavg"]["fedavg.lr"] = 0.5
+  with pytest.raises(ValueError, match="another configuration"):
+    table2.check_results(str(directory), other, replace=False)
+
+
 def test_unknown_method_is_one_line_on_the_cli(tmp_path, compile_cache):
   result = subprocess.run(
       [sys.executable, "-m", "experiments.table2", "--methods=fedsgd",
@@ -276,6 +313,9 @@ def test_fewer_than_three_seeds_are_said_to_give_no_useful_interval(
       "t-interval with 1 degree of freedom, ± 12.71 standard errors (± 4.30 "
       "with 3 seeds)."]
   assert "| FedAvg | 77.00 | " in text  # one seed: the mean alone
+  # Runs of a version without phases: said so under the table.
+  assert ("No run records where its time went (runs of a version without "
+          "`phase_seconds`).") in text
   # Three seeds each: no such line.
   runs += [scores.load_run_score(_write_run(
       tmp_path / f"{m}{s}", [9, 8, 10, 7], [15, 15, 15, 15, 15], seed=s,

@@ -30,14 +30,15 @@ across processes is ``augfl_jax.processes``
 :mod:`.scoring` (the evaluations, records, intervals, the summary),
 :mod:`.resume` (where a run starts, and its checks), :mod:`.limits`
 (sizes against the machine), :mod:`.outputs`, :mod:`.checkpoints` and
-:mod:`.events` (the run's files).
+:mod:`.events` (the run's files), :mod:`.phases` (where a run's time
+goes, ``summary.json``'s ``phase_seconds``).
 """
 
 from augfl_jax.processes.signals import StopSignals
 from augfl_jax.training import (checkpoints, config, defaults, events,
                                 experiment, guard, limits, loop, outputs,
-                                plan, pm_roles, resume, rounds, scoring,
-                                stops)
+                                phases, plan, pm_roles, resume, rounds,
+                                scoring, stops)
 from augfl_jax.training.config import (EvalConfig, DataConfig, PMConfig,
                                        RunConfig, pm_role, resumable_fields,
                                        resume_changes, unread_sections)

@@ -20,6 +20,7 @@ whoever builds it. The PM takes the role its algorithm declares
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -32,6 +33,7 @@ from augfl_jax import algorithms, data, models, processes
 from augfl_jax.core import tree
 from augfl_jax.training import defaults, pm_roles, scoring
 from augfl_jax.training.checkpoints import RunCheckpoints
+from augfl_jax.training.phases import Phases
 from augfl_jax.training.plan import Plan
 
 __all__ = ["Experiment", "Loaded", "build", "load", "load_federated",
@@ -204,21 +206,25 @@ class Experiment:
 
 def build(plan: Plan, loaded: Loaded | None = None, *,
           transform_data: TransformData | None = None, log: Log = _quiet,
-          should_stop: Callable[[], bool] | None = None) -> Experiment:
+          should_stop: Callable[[], bool] | None = None,
+          phases: Phases | None = None) -> Experiment:
   """The run of ``plan``: its data (``loaded``, else :func:`load` with
   ``transform_data``), the client model, the PM in its role
   (:func:`pm_roles.wire`: loaded, or pretrained on the server split, first,
   so that a mismatched PM fails before anything compiles; ``should_stop``
   is asked meanwhile, ``pretrain.Stopped``), the initial parameters (from
   ``plan.keys()[0]`` where the PM gives none) and the algorithm.
-  ``log`` gets the PM's, the model's and the algorithm's lines."""
+  ``log`` gets the PM's, the model's and the algorithm's lines; given
+  ``phases`` (``training.run``'s), the PM's part is timed as its ``pm``."""
   loaded = loaded or load(plan, transform_data)
   config, fed = plan.config, loaded.data
   client = models.create_model(
       config.model, fed.num_classes,
       **defaults.model_kwargs(config.model, config.norm,
                               conv_impl=config.conv_impl))
-  wired = pm_roles.wire(plan, client, fed, log, should_stop)
+  with (phases.timed("pm") if phases and plan.pm_role != "none"
+        else contextlib.nullcontext()):
+    wired = pm_roles.wire(plan, client, fed, log, should_stop)
   params = wired.params
   if params is None:
     params = models.init_params(wired.model, plan.keys()[0],

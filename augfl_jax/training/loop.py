@@ -14,7 +14,11 @@ clients every ``config.eval_every`` rounds and writes to ``output_dir``:
 * ``checkpoints/step_<round>/``: the newest two run states (orbax), every
   ``checkpoint_every`` rounds, at the end, on SIGINT/SIGTERM and before
   stopping on a non-finite round or evaluation;
-* ``summary.json``: final and best accuracy, timings;
+* ``summary.json``: final and best accuracy, timings: ``seconds`` (the
+  rounds' time, from the first round's start), ``phase_seconds`` (where
+  the run's wall time went, by phase, summing to ``wall_seconds``: setup,
+  the PM, the first round with its compilation, the other rounds, the
+  evaluations, the checkpoints; ``training.phases``);
 * ``changes.jsonl``: the step sizes a resumed run changed
   (``resume_changes``), one record per such resume.
 
@@ -59,6 +63,7 @@ from augfl_jax.training.config import RunConfig
 from augfl_jax.training.experiment import (Experiment, TransformData,
                                            sample_participants)
 from augfl_jax.training.outputs import OutputDir, PeerOutputDir
+from augfl_jax.training.phases import Phases
 from augfl_jax.training.plan import Plan, prepare
 from augfl_jax.training.rounds import LoopConfig, RoundLoop
 from augfl_jax.training.stops import NonFiniteError, RunInterrupted
@@ -118,6 +123,7 @@ def run(config: RunConfig | Plan, output_dir: str,
     NonFiniteError: a round or an evaluation produced a NaN or inf.
     RunInterrupted: SIGINT/SIGTERM.
   """
+  phases = Phases()  # the run's wall time starts here
   plan = config if isinstance(config, Plan) else prepare(config)
   control = resuming.RunControl(checkpoint_every, resume, overwrite,
                                 tuple(resume_changes))
@@ -139,8 +145,8 @@ def run(config: RunConfig | Plan, output_dir: str,
     run_dir = resuming.RunDir(out, checkpoints)
     try:
       checkpoints.remove_unfinished_saves()  # this run holds the lock
-      summary = _LockedRun(plan, run_dir, control, loop_config, log,
-                           stop).train(lambda: loaded or experiment.load(
+      summary = _LockedRun(plan, run_dir, control, loop_config, log, stop,
+                           phases).train(lambda: loaded or experiment.load(
                                plan, transform_data))
     except BaseException:
       # A save in flight completes even when an exception stops the run;
@@ -239,13 +245,15 @@ def _pretrains_pm(plan: Plan) -> bool:
 class _LockedRun:
   """One run, its directory locked: where it starts, its data checked
   against the checkpoint it resumes, the run built (``training.build``),
-  its state, and the rounds (``rounds.RoundLoop``)."""
+  its state, and the rounds (``rounds.RoundLoop``); ``phases`` times it
+  from the run's start (``training.phases``)."""
 
   def __init__(self, plan: Plan, run_dir: resuming.RunDir,
                control: resuming.RunControl, loop_config: LoopConfig,
-               log: Log, stop: StopSignals):
+               log: Log, stop: StopSignals, phases: Phases):
     self.plan, self.run_dir, self.control = plan, run_dir, control
     self.loop_config, self.log, self.stop = loop_config, log, stop
+    self.phases = phases
 
   def train(self, load: Callable[[], experiment.Loaded]) -> dict[str, Any]:
     """Trains (or, a finished run, reports) the run; its data from
@@ -264,12 +272,13 @@ class _LockedRun:
                f"{checkpoints.path(resumed_from)}")
     built = self._build(self._checked(load(), resumed_from), resumed_from)
     loop = RoundLoop(built, self.loop_config, self.run_dir,
-                     built.evaluations(), self.log, self.stop)
+                     built.evaluations(), self.log, self.stop, self.phases)
     if resumed_from is None:
       return loop.run(built.start())
+    with self.phases.timed("checkpoints"):
+      restored = built.restore(checkpoints, self.log)
     return loop.run(None, resuming.resumed(
-        plan, self.run_dir, built.restore(checkpoints, self.log),
-        self.control.resume_changes, self.log))
+        plan, self.run_dir, restored, self.control.resume_changes, self.log))
 
   def _done(self) -> dict[str, Any]:
     """The summary of the finished run the directory holds, said so."""
@@ -314,7 +323,8 @@ class _LockedRun:
                                  resumed_from or 0)
     try:
       built = experiment.build(self.plan, loaded, log=self.log,
-                               should_stop=lambda: stop.signum is not None)
+                               should_stop=lambda: stop.signum is not None,
+                               phases=self.phases)
     except pretrain.Stopped as e:
       raise RunInterrupted(
           f"{signal.Signals(stop.signum).name}: {e}; no round was trained",

@@ -285,6 +285,9 @@ class Resumed(NamedTuple):
   changes: dict[str, list[Any]]  # the step sizes changed (``changed``)
   # the changes.jsonl records up to ``round`` (earlier resumes' changes)
   change_records: list[dict[str, Any]]
+  # where the run's time until the checkpoint went (``training.phases``;
+  # an older checkpoint's ``seconds`` as ``unattributed``)
+  phase_seconds: dict[str, float]
 
 
 def resumed(plan: Plan, run_dir: RunDir,
@@ -308,9 +311,12 @@ def resumed(plan: Plan, run_dir: RunDir,
   # only changes.jsonl does).
   change_records = (meta["changes"] if "changes" in meta else
                     out.read_records("changes.jsonl", log, tolerant=True))
+  phase_seconds = meta.get("phase_seconds") or {
+      "unattributed": meta["seconds"]}
   return Resumed(start_round, state, history,
                  list(meta["pending_train_losses"]), meta["seconds"],
-                 changed(saved, plan.config, resume_changes), change_records)
+                 changed(saved, plan.config, resume_changes), change_records,
+                 phase_seconds)
 
 
 def record_changes(out: OutputDir, start_round: int,

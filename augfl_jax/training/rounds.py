@@ -10,7 +10,9 @@ non-finite guard (``guard.keep_finite``: one program that donates the
 state, where the round can be traced), runs it, scores the evaluations
 that are due, writes the records, TensorBoard events and checkpoints,
 stops on a signal or a non-finite value, and writes the summary at the
-end.
+end; it times the run's phases (``training.phases``: its rounds, the
+first with its compilation, its evaluations, its checkpoints) into
+``summary.json``.
 
 Its console lines are short (at most 100 columns; every evaluation in full
 is in ``metrics.jsonl``): a line per evaluation, and at least every
@@ -41,6 +43,7 @@ from augfl_jax.training.checkpoints import CheckpointError
 from augfl_jax.training.config import to_config_json
 from augfl_jax.training.events import EventWriter
 from augfl_jax.training.experiment import Experiment
+from augfl_jax.training.phases import Phases, eval_phase
 from augfl_jax.training.plan import Plan
 from augfl_jax.training.stops import NonFiniteError, RunInterrupted
 
@@ -114,13 +117,17 @@ class RoundLoop:
       (``Experiment.evaluations``, and any of one's own).
     log: receives the progress lines.
     stop: the run's ``processes.signals.StopSignals``.
+    phases: the run's phases, timed from its start (``training.run``'s);
+      None: from now on.
   """
 
   def __init__(self, experiment: Experiment, config: LoopConfig,
                run_dir: resume.RunDir,
                evaluations: Mapping[str, scoring.Evaluation],
-               log: Callable[[str], None], stop: StopSignals):
+               log: Callable[[str], None], stop: StopSignals,
+               phases: Phases | None = None):
     self.experiment, self.config, self.run_dir = experiment, config, run_dir
+    self.phases = phases or Phases()
     self.out, self.checkpoints = run_dir.out, run_dir.checkpoints
     self.evaluations, self.log, self.stop = dict(evaluations), log, stop
     self.clients = processes.place_clients(experiment.data.train,
@@ -138,6 +145,7 @@ class RoundLoop:
     # round after it (whose time includes it) is not timed.
     self.compiling = {n for n, ev in self.evaluations.items() if ev.score}
     self.scored: set[str] = set()
+    self.called: set[str] = set()  # the evaluations called this session
     self.timed, self.last_line, self.layout = True, 0.0, None
 
   def run(self, state: Any, resumed: resume.Resumed | None = None
@@ -168,9 +176,13 @@ class RoundLoop:
         LiveLine(self.config.live) as self.live:
       self._score_restored(start_round, state)
       for r in range(start_round + 1, self.config.rounds + 1):
-        state = self._round(r, state, start_round)
-        self._after(r, state)
-    self.checkpoints.wait()
+        # The round's evaluations and checkpoint are timed as theirs.
+        with self.phases.timed("first_round" if r == start_round + 1
+                               else "rounds"):
+          state = self._round(r, state, start_round)
+          self._after(r, state)
+    with self.phases.timed("checkpoints"):
+      self.checkpoints.wait()
     return self._finish(start_round)
 
   def _begin(self, state: Any, resumed: resume.Resumed | None
@@ -185,6 +197,7 @@ class RoundLoop:
       start_round, self.history, state = (resumed.round, resumed.history,
                                           resumed.state)
       self.train_losses, self.offset = resumed.train_losses, resumed.seconds
+      self.phases.carry(resumed.phase_seconds)
       changes, records = resumed.changes, resumed.change_records
       self.log(f"resuming from round {start_round} "
                f"({self.checkpoints.path(start_round)})")
@@ -284,9 +297,10 @@ class RoundLoop:
     rounds = self.config.rounds
     every = self.config.checkpoint_every
     if every and r % every == 0 or r == rounds:
-      if self.out.writes:
-        os.fsync(self.metrics_file.fileno())
-      self._save(r, state)
+      with self.phases.timed("checkpoints"):
+        if self.out.writes:
+          os.fsync(self.metrics_file.fileno())
+        self._save(r, state)
       self.saved_round = r
     signum = processes.agree(self.stop.signum or 0) or None
     if signum is not None and r < rounds:
@@ -304,7 +318,8 @@ class RoundLoop:
         "pending_train_losses": self.train_losses, "records": self.history,
         "changes": self.change_records,
         "data_digest": self.experiment.loaded.digest,
-        "seconds": self.offset + time.perf_counter() - self.start})
+        "seconds": self.offset + time.perf_counter() - self.start,
+        "phase_seconds": self.phases.seconds()})
 
   def _saved(self, round_: int, state: Any) -> str:
     """The path of round ``round_``'s checkpoint, on disk: saved now unless
@@ -347,17 +362,20 @@ class RoundLoop:
     for name, ev in self.evaluations.items():
       if ev.score is None or texts and not ev.due(r, self.config.rounds):
         continue
-      t0 = time.perf_counter()
-      metrics = ev.score(state)
-      self._check_finite(r, state, ev, metrics)
-      if texts:
-        record[name] = ev.record(metrics)
-        texts.append(f"{ev.text(metrics)} ({time.perf_counter() - t0:.1f} s)")
-      else:  # the headline
-        record.update(ev.record(metrics))
-        record.update({} if train is None else {"train": train})
-        texts.append(ev.text(metrics))
-      self.events.scalars(scoring.finite(ev.events(metrics)), r, "eval/")
+      with self.phases.timed(eval_phase(name, name not in self.called)):
+        self.called.add(name)
+        t0 = time.perf_counter()
+        metrics = ev.score(state)
+        self._check_finite(r, state, ev, metrics)
+        if texts:
+          record[name] = ev.record(metrics)
+          texts.append(
+              f"{ev.text(metrics)} ({time.perf_counter() - t0:.1f} s)")
+        else:  # the headline
+          record.update(ev.record(metrics))
+          record.update({} if train is None else {"train": train})
+          texts.append(ev.text(metrics))
+        self.events.scalars(scoring.finite(ev.events(metrics)), r, "eval/")
       scored.add(name)
     record["seconds"] = self.offset + time.perf_counter() - self.start
     self.train_losses = []
@@ -384,12 +402,14 @@ class RoundLoop:
     out, rounds = self.out, self.config.rounds
     session = time.perf_counter() - self.start
     first, rounds_done = self.first_round_seconds, rounds - start_round
+    phase_seconds = self.phases.seconds()
     summary = scoring.summary(self.config.head, self.history,
                               self.evaluations, {
         "seconds": self.offset + session, "first_round_seconds": first,
         "seconds_per_round": ((session - first) / (rounds_done - 1)
                               if rounds_done > 1 else session),
-        "resumed_from_round": start_round})
+        "resumed_from_round": start_round, "phase_seconds": phase_seconds,
+        "wall_seconds": round(sum(phase_seconds.values()), 3)})
     if self.change_records:
       summary["resume_changes"] = self.change_records
     out.write_json("summary.json", summary)
