@@ -16,7 +16,7 @@ from augfl_jax.algorithms.fedoa import personal as fedoa_personal
 from augfl_jax.algorithms import fedoa
 from augfl_jax.data import rotated
 from augfl_jax.data.sources import Dataset
-from tests import before, tiny
+from tests import replaced_computations, tiny
 
 MODEL = models.create_model("mlp", tiny.K, hidden=(tiny.H,))  # fc1, head
 HP = jax.lax.Precision.HIGHEST
@@ -505,7 +505,7 @@ def test_fedoa_round_equals_the_computation_it_replaced(monkeypatch, dtype,
   """Two FedOA rounds and a held-out evaluation of a batch-norm CNN, as the
   library runs them (the anchor's features outside the gradient, padding
   minibatches skipped, the last minibatch without its padding rows) and as
-  it ran them (``tests/before.py``), with the paper's L2 distance: the same
+  it ran them (``tests/replaced_computations.py``), with the paper's L2 distance: the same
   adapters, losses and scores up to float rounding (float32; float64 under
   the "map" strategy, as the reference: "vmap" sums the batch-norm
   statistics, float32 in either, in another order)."""
@@ -515,9 +515,9 @@ def test_fedoa_round_equals_the_computation_it_replaced(monkeypatch, dtype,
     got = {s: _two_rounds_and_evaluation(config, s, dtype)
            for s in strategies}
     with monkeypatch.context() as patch:
-      patch.setattr(local, "train", before.train)
+      patch.setattr(local, "train", replaced_computations.train)
       patch.setattr(fedoa_personal, "personal_objective",
-                    before.personal_objective)
+                    replaced_computations.personal_objective)
       want = _two_rounds_and_evaluation(config, "map", dtype)
     for state, metrics, scores in got.values():
       assert jax.tree.leaves(state.personal_adapters)[0].dtype == dtype

@@ -9,7 +9,7 @@ import pytest
 
 from augfl_jax.core import local
 from augfl_jax import models
-from tests import before
+from tests import replaced_computations
 
 
 def _least_squares(rng, real, pad):
@@ -162,7 +162,7 @@ def test_epoch_split_is_epoch_batches_without_the_last_ones_padding():
     (False, False, 0.0), (True, False, 0.5), (False, True, 0.5)])
 def test_train_equals_the_loop_it_replaced(keyed, has_aux, momentum):
   """``train`` (minibatches of padding alone skipped, the last minibatch
-  without its padding rows) against the loop before it (``tests/before``:
+  without its padding rows) against the loop before it (``tests/replaced_computations``:
   every static minibatch computed, the padding's steps discarded), on
   clients whose epochs end in a tail with real rows, one without and a
   minibatch of padding alone (4 real rows of 10, B = 3)."""
@@ -179,6 +179,6 @@ def test_train_equals_the_loop_it_replaced(keyed, has_aux, momentum):
     run = lambda train: jax.jit(lambda w: train(
         objective, local.sgd(0.1, momentum), w, data, jax.random.key(4),
         epochs=2, batch_size=3, has_aux=has_aux, keyed=keyed))(w0)
-    got, want = run(local.train), run(before.train)
+    got, want = run(local.train), run(replaced_computations.train)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-7)
