@@ -505,8 +505,9 @@ def test_fedoa_round_equals_the_computation_it_replaced(monkeypatch, dtype,
   """Two FedOA rounds and a held-out evaluation of a batch-norm CNN, as the
   library runs them (the anchor's features outside the gradient, padding
   minibatches skipped, the last minibatch without its padding rows) and as
-  it ran them (``tests/replaced_computations.py``), with the paper's L2 distance: the same
-  adapters, losses and scores up to float rounding (float32; float64 under
+  it ran them (``tests/replaced_computations.py``), with the paper's L2
+  distance: the same adapters, losses and scores up to float rounding
+  (float32; float64 under
   the "map" strategy, as the reference: "vmap" sums the batch-norm
   statistics, float32 in either, in another order)."""
   config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lr=0.05, local_epochs=2,

@@ -162,8 +162,8 @@ def test_epoch_split_is_epoch_batches_without_the_last_ones_padding():
     (False, False, 0.0), (True, False, 0.5), (False, True, 0.5)])
 def test_train_equals_the_loop_it_replaced(keyed, has_aux, momentum):
   """``train`` (minibatches of padding alone skipped, the last minibatch
-  without its padding rows) against the loop before it (``tests/replaced_computations``:
-  every static minibatch computed, the padding's steps discarded), on
+  without its padding rows) against the loop before it
+  (``tests/replaced_computations``: every static minibatch computed, the padding's steps discarded), on
   clients whose epochs end in a tail with real rows, one without and a
   minibatch of padding alone (4 real rows of 10, B = 3)."""
 

@@ -32,7 +32,8 @@ def concat_batches(a: Batch, b: Batch) -> Batch:
 
 
 def real_first_permutation(key: PRNGKey, mask: jax.Array) -> jax.Array:
-  """``[n]`` indices: the real rows (``mask > 0``) in random order, then padding."""
+  """``[n]`` indices: the real rows (``mask > 0``) in random order, then
+  padding."""
   scores = jax.random.uniform(key, mask.shape) + 2.0 * (mask <= 0)
   return jnp.argsort(scores)
 
