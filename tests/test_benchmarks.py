@@ -294,6 +294,8 @@ REFUSED = {
                     ">= 1, got 0"),
     "eval_cost": ("--dataset=nosuch", "flag --dataset=nosuch: unknown dataset "
                   "'nosuch'; choose one of"),
+    "fedoa_cost": ("--algorithms=nosuch", "flag --algorithms=['nosuch']: "
+                   "each item must be a registered method, got 'nosuch'"),
     "hvp_forms": ("--examples=0", "flag --examples=0: 0 is not a positive "
                   "integer"),
     "head_to_head": ("--augfl.alpha=0", "flag --augfl.alpha=0.0: augfl.alpha "

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from augfl_jax import models
-from augfl_jax.core import tree
+from augfl_jax.core import local, tree
+from augfl_jax.core.types import ClientData
 from augfl_jax.algorithms import fedit
 from augfl_jax.algorithms.fedoa import personal as fedoa_personal
 from augfl_jax.algorithms import fedoa
 from augfl_jax.data import rotated
 from augfl_jax.data.sources import Dataset
-from tests import tiny
+from tests import replaced_computations, tiny
 
 MODEL = models.create_model("mlp", tiny.K, hidden=(tiny.H,))  # fc1, head
 HP = jax.lax.Precision.HIGHEST
@@ -426,3 +427,106 @@ def test_shared_images_rotate_the_same_examples_and_sizes_are_checked():
                                 domains[1].source_index)
   with pytest.raises(ValueError, match="need"):
     rotated.rotated_domains(dataset, examples_per_client=10)
+
+
+# --- the round against the computation it replaced --------------------------
+
+CNN = models.create_model("cnn", 3, widths=(4,), dense=8, norm="batch")
+
+
+def _cnn_clients(dtype):
+  """4 clients of 8x8 images with support and query padded to 5 rows each:
+  with ``batch_size=4`` an epoch is two full minibatches and a tail of 2
+  rows, and the clients' sizes (2, 10, 7, 9 real rows) give a skipped
+  second minibatch, skipped tails and a tail with one real row; garbage in
+  the padding."""
+  rng = np.random.default_rng(3)
+  sets = []
+  for sizes in ((1, 5, 3, 5), (1, 5, 4, 4)):
+    x = rng.normal(size=(4, 5, 8, 8, 1))
+    mask = np.array([[1.0] * n + [0.0] * (5 - n) for n in sizes])
+    x[mask == 0] = 1e3
+    sets.append({"x": jnp.asarray(x, dtype),
+                 "y": jnp.asarray(rng.integers(0, 3, (4, 5)), jnp.int32),
+                 "mask": jnp.asarray(mask, dtype)})
+  return ClientData(
+      support=sets[0], query=sets[1],
+      num_examples=jnp.asarray(sets[0]["mask"].sum(1) + sets[1]["mask"].sum(1)))
+
+
+def _two_rounds_and_evaluation(config, strategy, dtype):
+  backbone = jax.tree.map(lambda a: a.astype(dtype), models.init_params(
+      CNN, jax.random.key(0), (8, 8, 1)))
+  clients = _cnn_clients(dtype)
+  state = fedoa.init_state(backbone, 4, jax.random.key(1), config)
+  round_fn = fedoa.make_round(CNN, config, strategy)
+  metrics = []
+  for _ in range(2):  # round 1: personal == anchor at the start; round 2 not
+    state, m = round_fn(state, clients)
+    metrics.append(m)
+  return state, metrics, fedoa.make_evaluate(CNN, config, strategy=strategy)(
+      state, clients)
+
+
+def test_a_personal_adapter_equal_to_its_anchor_has_no_distance_gradient():
+  """D(h, h) = 0: at personal == anchor the objective's gradient is the
+  cross-entropy's, bit for bit, also where the two models' features come
+  from computations with different rounding (here the anchor's parameters
+  are constants XLA folds, the personal ones are computed per client in a
+  lax.map), which would give an L2 distance of float noise whose gradient
+  is a unit vector."""
+  backbone = models.init_params(CNN, jax.random.key(0), (8, 8, 1))
+  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0)
+  adapter = _perturbed(fedoa.init_state(backbone, 1, jax.random.key(1),
+                                        config).global_adapter,
+                       jax.random.key(2))
+  client = _take(_cnn_clients(jnp.float32), 1)
+  batch = {k: jnp.concatenate([client.support[k], client.query[k]])[:4]
+           for k in client.support}
+
+  def grads(lam):
+    objective = fedoa_personal.personal_objective(
+        CNN, fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lam=lam), backbone,
+        adapter)
+    return jax.jit(lambda stacked: jax.lax.map(
+        lambda p: jax.grad(objective)(p, batch), stacked))(
+            jax.tree.map(lambda a: jnp.stack([a, a]), adapter))
+
+  chex.assert_trees_all_equal(grads(0.5), grads(0.0))
+
+
+@pytest.mark.parametrize("dtype,tol,strategies", [
+    (jnp.float32, 1e-5, ("map",)),
+    pytest.param(jnp.float32, 1e-5, ("map", "vmap"),
+                 marks=pytest.mark.slow),
+    pytest.param(jnp.float64, 1e-12, ("map",), marks=pytest.mark.slow)])
+def test_fedoa_round_equals_the_computation_it_replaced(monkeypatch, dtype,
+                                                        tol, strategies):
+  """Two FedOA rounds and a held-out evaluation of a batch-norm CNN, as the
+  library runs them (the anchor's features outside the gradient, padding
+  minibatches skipped, the last minibatch without its padding rows) and as
+  it ran them (``tests/replaced_computations.py``), with the paper's L2
+  distance: the same adapters, losses and scores up to float rounding
+  (float32; float64 under
+  the "map" strategy, as the reference: "vmap" sums the batch-norm
+  statistics, float32 in either, in another order)."""
+  config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lr=0.05, local_epochs=2,
+                             batch_size=4)
+  with jax.enable_x64(dtype == jnp.float64):
+    got = {s: _two_rounds_and_evaluation(config, s, dtype)
+           for s in strategies}
+    with monkeypatch.context() as patch:
+      patch.setattr(local, "train", replaced_computations.train)
+      patch.setattr(fedoa_personal, "personal_objective",
+                    replaced_computations.personal_objective)
+      want = _two_rounds_and_evaluation(config, "map", dtype)
+    for state, metrics, scores in got.values():
+      assert jax.tree.leaves(state.personal_adapters)[0].dtype == dtype
+      for a, b in ((state.global_adapter, want[0].global_adapter),
+                   (state.personal_adapters, want[0].personal_adapters),
+                   (metrics, want[1]), (scores, want[2])):
+        chex.assert_trees_all_close(a, b, atol=tol, rtol=tol)
+    # the second round's personal training had a distance to pull on
+    p = got["map"][0].personal_adapters["fc"]["B"]
+    g = got["map"][0].global_adapter["fc"]["B"]
+    assert float(jnp.abs(p - g[None]).max()) > 1e-3

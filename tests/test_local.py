@@ -9,6 +9,7 @@ import pytest
 
 from augfl_jax.core import local
 from augfl_jax import models
+from tests import replaced_computations
 
 
 def _least_squares(rng, real, pad):
@@ -138,3 +139,46 @@ def test_a_batch_size_beyond_the_data_is_one_full_batch_of_it():
   exact = local.epoch_batches(key, data, 6)
   jax.tree.map(np.testing.assert_array_equal, big, exact)
   assert sorted(np.asarray(big["y"][0, :4]).tolist()) == [0, 1, 2, 3]
+
+
+def test_epoch_split_is_epoch_batches_without_the_last_ones_padding():
+  """10 rows, B = 4: two full minibatches and a tail of 2 rows, the rows of
+  ``epoch_batches``' minibatches in the same order; B dividing n: no
+  tail."""
+  data = _least_squares(np.random.default_rng(5), real=7, pad=3)
+  key = jax.random.key(2)
+  full, tail = local.epoch_split(key, data, 4)
+  batches = local.epoch_batches(key, data, 4)
+  assert full["x"].shape == (2, 4, 3) and tail["x"].shape == (2, 3)
+  for k in data:
+    np.testing.assert_array_equal(full[k], batches[k][:2])
+    np.testing.assert_array_equal(tail[k], batches[k][2, :2])
+    np.testing.assert_array_equal(batches[k][2, 2:], 0)  # padding dropped
+  full, tail = local.epoch_split(key, data, 5)
+  assert tail is None and full["x"].shape == (2, 5, 3)
+
+
+@pytest.mark.parametrize("keyed,has_aux,momentum", [
+    (False, False, 0.0), (True, False, 0.5), (False, True, 0.5)])
+def test_train_equals_the_loop_it_replaced(keyed, has_aux, momentum):
+  """``train`` (minibatches of padding alone skipped, the last minibatch
+  without its padding rows) against the loop before it
+  (``tests/replaced_computations``: every static minibatch computed, the padding's steps discarded), on
+  clients whose epochs end in a tail with real rows, one without and a
+  minibatch of padding alone (4 real rows of 10, B = 3)."""
+
+  def objective(w, batch, *key):
+    loss = _loss(w, batch) + (0.01 * jax.random.normal(key[0])
+                              if key else 0.0)
+    return (loss + 0.1 * jnp.sum(w * w), loss) if has_aux else loss
+
+  w0 = jnp.asarray([0.3, -0.2, 0.5], jnp.float32)
+  for real in (10, 8, 4):
+    data = _least_squares(np.random.default_rng(real), real=real,
+                          pad=10 - real)
+    run = lambda train: jax.jit(lambda w: train(
+        objective, local.sgd(0.1, momentum), w, data, jax.random.key(4),
+        epochs=2, batch_size=3, has_aux=has_aux, keyed=keyed))(w0)
+    got, want = run(local.train), run(replaced_computations.train)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-7)

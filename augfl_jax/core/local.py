@@ -21,8 +21,8 @@ import optax
 from augfl_jax.core.types import Batch, Params, PRNGKey
 
 __all__ = [
-    "concat_batches", "epoch_batches", "pad_batch", "real_first_permutation",
-    "sample_batch", "sgd", "step", "train"
+    "concat_batches", "epoch_batches", "epoch_split", "pad_batch",
+    "real_first_permutation", "sample_batch", "sgd", "step", "train"
 ]
 
 
@@ -32,7 +32,8 @@ def concat_batches(a: Batch, b: Batch) -> Batch:
 
 
 def real_first_permutation(key: PRNGKey, mask: jax.Array) -> jax.Array:
-  """``[n]`` indices: the real rows (``mask > 0``) in random order, then padding."""
+  """``[n]`` indices: the real rows (``mask > 0``) in random order, then
+  padding."""
   scores = jax.random.uniform(key, mask.shape) + 2.0 * (mask <= 0)
   return jnp.argsort(scores)
 
@@ -63,15 +64,33 @@ def epoch_batches(key: PRNGKey, batch: Batch, batch_size: int) -> Batch:
   padded to ``batch_size`` (the same masked loss, without the padding's
   work).
   """
+  full, tail = epoch_split(key, batch, batch_size)
+  if tail is None:
+    return full
+  last = pad_batch(tail, full["mask"].shape[1])
+  return jax.tree.map(lambda f, t: jnp.concatenate([f, t[None]]), full, last)
+
+
+def epoch_split(key: PRNGKey, batch: Batch, batch_size: int
+               ) -> tuple[Batch, Batch | None]:
+  """One shuffled epoch (real rows first, in random order) as its ``n //
+  B`` full minibatches (``[n // B, B, ...]`` leaves) and the last ``n % B``
+  rows (``[n % B, ...]``; None when ``B`` divides ``n``), with ``B =
+  min(batch_size, n)``: :func:`epoch_batches`' minibatches, the last one
+  without the padding rows it appends to fill it (no real example, so the
+  same masked loss and gradient, without their work).
+  """
   n = batch["mask"].shape[0]
   batch_size = min(batch_size, n)
-  steps = -(-n // batch_size)
+  steps, rest = divmod(n, batch_size)
   order = real_first_permutation(key, batch["mask"])
-  shuffled = pad_batch(jax.tree.map(lambda leaf: leaf[order], batch),
-                       steps * batch_size)
-  return jax.tree.map(
-      lambda leaf: leaf.reshape((steps, batch_size) + leaf.shape[1:]),
-      shuffled)
+  shuffled = jax.tree.map(lambda leaf: leaf[order], batch)
+  full = jax.tree.map(
+      lambda leaf: leaf[:steps * batch_size].reshape(
+          (steps, batch_size) + leaf.shape[1:]), shuffled)
+  if not rest:
+    return full, None
+  return full, jax.tree.map(lambda leaf: leaf[steps * batch_size:], shuffled)
 
 
 def sgd(lr: float, momentum: float = 0.0) -> optax.GradientTransformation:
@@ -105,9 +124,11 @@ def train(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
   """``epochs`` shuffled minibatch epochs of ``tx`` on one client's data.
 
   Each epoch is :func:`epoch_batches` (``ceil(n / B)`` static steps, real
-  rows first, no ``drop_last``); a minibatch without a real example leaves
-  the parameters AND the optimizer state as they are (so momentum never
-  moves the model on padding). The optimizer state starts fresh, as a
+  rows first, no ``drop_last``), its last minibatch without the rows that
+  pad it to ``B`` (:func:`epoch_split`); a minibatch without a real example
+  leaves the parameters AND the optimizer state as they are (so momentum
+  never moves the model on padding), and is not computed (under ``vmap``
+  it is, and its step discarded). The optimizer state starts fresh, as a
   ``torch.optim`` optimizer built for the round.
 
   Args:
@@ -132,25 +153,30 @@ def train(loss_fn: Callable[..., Any], tx: optax.GradientTransformation,
     out = loss_fn(p, batch, step_key) if keyed else loss_fn(p, batch)
     return out if has_aux else (out, out)
 
-  def one_step(carry, inputs):
+  def real_step(carry, minibatch, step_key, real):
     params, opt_state, loss_sum, count = carry
+    params, opt_state, loss = step(objective, tx, params, opt_state,
+                                   minibatch, step_key)
+    return params, opt_state, loss_sum + loss * real, count + real
+
+  def one_step(carry, inputs):
     minibatch, step_key = inputs
-    new_params, new_opt_state, loss = step(objective, tx, params, opt_state,
-                                           minibatch, step_key)
     real = jnp.sum(minibatch["mask"])
-    keep = lambda new, old: jax.tree.map(
-        lambda a, b: jnp.where(real > 0, a, b), new, old)
-    return (keep(new_params, params), keep(new_opt_state, opt_state),
-            loss_sum + loss * real, count + real), None
+    return jax.lax.cond(real > 0, real_step, lambda c, *_: c, carry,
+                        minibatch, step_key, real), None
 
   def epoch(carry, epoch_key):
-    if keyed:
-      shuffle_key, steps_key = jax.random.split(epoch_key)
-      batches = epoch_batches(shuffle_key, data, batch_size)
-      step_keys = jax.random.split(steps_key, batches["mask"].shape[0])
-    else:
-      batches, step_keys = epoch_batches(epoch_key, data, batch_size), None
-    carry, _ = jax.lax.scan(one_step, carry, (batches, step_keys))
+    shuffle_key, steps_key = (jax.random.split(epoch_key) if keyed
+                              else (epoch_key, None))
+    full, tail = epoch_split(shuffle_key, data, batch_size)
+    steps = full["mask"].shape[0]
+    step_keys = (None if not keyed else jax.random.split(
+        steps_key, steps + (tail is not None)))
+    carry, _ = jax.lax.scan(one_step, carry, (
+        full, None if step_keys is None else step_keys[:steps]))
+    if tail is not None:
+      carry, _ = one_step(carry, (
+          tail, None if step_keys is None else step_keys[steps]))
     return carry, None
 
   init = (params, tx.init(params), jnp.zeros(()), jnp.zeros(()))

@@ -49,28 +49,39 @@ def personal_objective(model: nn.Module, config: FedOAConfig,
   """``objective(personal, batch) -> scalar``: CE + lam * D (module doc).
 
   The backbone and the anchor adapter are ``stop_gradient``-ed: a gradient
-  of the objective reaches only ``personal``.
+  of the objective reaches only ``personal``. The anchor's features are a
+  forward pass of the anchor model, outside the differentiated path (no
+  backward pass through it); the anchor model's parameters are merged once,
+  not at every step.
+
+  A personal adapter equal to the anchor (every leaf, bit for bit: the
+  personal adapter's first step from the global one) has ``D = 0`` and no
+  regulariser gradient, as ``D(h, h) = 0``: the distance is then taken
+  against the personal features themselves, not against the anchor's
+  features from another computation, whose float rounding would give a
+  nonzero L2 distance whose gradient ``diff / ||diff||`` is a unit
+  vector.
   """
   features_fn = models.make_features_fn(model)
   frozen = jax.lax.stop_gradient(backbone)
   anchor = jax.lax.stop_gradient(anchor)
+  anchor_params = lora.merge(frozen, anchor, config.lora)
 
   def objective(personal: lora.Adapters, batch: Batch) -> jax.Array:
     mask = batch["mask"]
     y = jnp.where(mask > 0, batch["y"].astype(jnp.int32), 0)
-    # Both models in ONE vmapped call: identical adapters then give bitwise
-    # identical features under every client strategy, so the L2 distance is
-    # exactly 0 there (its gradient 0) instead of float noise whose gradient
-    # ``diff / ||diff||`` is a unit vector.
-    both = jax.tree.map(lambda p, a: jnp.stack([p, a]), personal, anchor)
-    h, logits = jax.vmap(lambda adapter: features_fn(
-        lora.merge(frozen, adapter, config.lora), batch["x"], mask))(both)
-    h_p, h_g, logits = h[0], h[1], logits[0]
+    h_p, logits = features_fn(lora.merge(frozen, personal, config.lora),
+                              batch["x"], mask)
+    h_g = jax.lax.stop_gradient(features_fn(anchor_params, batch["x"],
+                                            mask)[0])
+    same = jnp.all(jnp.stack([jnp.array_equal(p, a) for p, a in zip(
+        jax.tree.leaves(personal), jax.tree.leaves(anchor))]))
+    h_g = jnp.where(same, jax.lax.stop_gradient(h_p), h_g)
+    # at least float32 (16-bit features upcast), float64 kept
+    dtype = jnp.promote_types(logits.dtype, jnp.float32)
     ce = models.masked_mean(optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), y), mask)
-    reg = feature_distance(h_p.astype(jnp.float32),
-                           jax.lax.stop_gradient(h_g).astype(jnp.float32),
-                           mask, config)
+        logits.astype(dtype), y), mask)
+    reg = feature_distance(h_p.astype(dtype), h_g.astype(dtype), mask, config)
     return ce + config.lam * reg
 
   return objective
