@@ -507,9 +507,8 @@ def test_fedoa_round_equals_the_computation_it_replaced(monkeypatch, dtype,
   minibatches skipped, the last minibatch without its padding rows) and as
   it ran them (``tests/replaced_computations.py``), with the paper's L2
   distance: the same adapters, losses and scores up to float rounding
-  (float32; float64 under
-  the "map" strategy, as the reference: "vmap" sums the batch-norm
-  statistics, float32 in either, in another order)."""
+  (float32; float64 under the "map" strategy, as the reference: "vmap"
+  sums the batch-norm statistics, float32 in either, in another order)."""
   config = fedoa.FedOAConfig(rank=2, lora_alpha=4.0, lr=0.05, local_epochs=2,
                              batch_size=4)
   with jax.enable_x64(dtype == jnp.float64):
