@@ -368,11 +368,19 @@ def test_an_empty_config_json_does_not_block_the_next_run(tmp_path):
   training.run(config, out, log=QUIET, checkpoint_every=1)
   open(os.path.join(out, "config.json"), "w").close()  # a full disk
   # A plain rerun reads the configuration from the checkpoint instead: the
-  # same run, finished.
+  # same run, finished, whose config.json is written again from it.
+  before = json.load(open(os.path.join(out, "summary.json")))
   lines = []
   summary = training.run(config, out, log=lines.append)
-  assert summary["rounds"] == 2 and "nothing to train" in lines[-1]
   assert "config.json is empty or cut short" in lines[0]
+  assert "config.json is not readable JSON" in lines[1]
+  assert "written again from" in lines[1]
+  assert json.load(open(os.path.join(out, "config.json")))["rounds"] == 2
+  assert summary["rounds"] == 2
+  assert summary["final_accuracy"] == before["final_accuracy"]
+  lines = []
+  training.run(config, out, log=lines.append)  # now as it sealed it
+  assert "nothing to train" in lines[-1]
   with pytest.raises(training.OutputDirError,
                      match="holds a different run .*seed: 0 -> 1"):
     training.run(fields.replace(config, seed=1), out, log=QUIET)

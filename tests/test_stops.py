@@ -137,7 +137,9 @@ def test_a_huge_lam_is_named_in_the_advice_and_may_change_on_resume(
   with pytest.raises(training.NonFiniteError) as e:
     training.run(config, out, log=QUIET)
   assert ("--augfl.alpha=<smaller> --augfl.lam=<smaller> "
-          "--resume_changes=augfl.alpha,augfl.lam") in str(e.value)
+          "--augfl.reg_max_norm=<smaller> "
+          "--resume_changes=augfl.alpha,augfl.lam,augfl.reg_max_norm"
+          ) in str(e.value)
   lower = fields.replace(config, **{"augfl.lam": 1e-15})
   with pytest.raises(ValueError, match=r"augfl.lam: 1e\+30 -> 1e-15\); to "
                      "continue with these values, add "
