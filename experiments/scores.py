@@ -86,6 +86,9 @@ class RunScore:
   best_heldout: float
   seconds: float
   protocol: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # where the run's wall time went (its summary's ``phase_seconds``,
+  # ``training.phases``); None for a run of a version without them
+  phase_seconds: dict[str, float] | None = None
 
   def headline(self, test_split: bool) -> ClientScores:
     return self.test_split if test_split else self.heldout
@@ -302,9 +305,11 @@ def load_round_scores(run_dir: str, method: str, seed: int,
   try:
     best = max(float(r["accuracy"]) for r in records)
     seconds = float(meta.get("seconds", summary["seconds"]))
+    phase_seconds = (summary or {}).get("phase_seconds")
     return {int(r["round"]): RunScore(
         method, seed, run_dir, int(r["round"]), *_record_scores(r, path),
-        best, seconds, _protocol(meta["config"]))
+        best, seconds, _protocol(meta["config"]),
+        phase_seconds if isinstance(phase_seconds, dict) else None)
             for r in records if "client_count" in r}
   except (KeyError, TypeError) as e:
     raise ValueError(f"{run_dir}: its summary.json or metrics.jsonl lacks "

@@ -319,17 +319,8 @@ def run_phases(runs: list[scores.RunScore]) -> list[dict[str, Any]]:
   time went: its ``summary.json``'s, ``training.phases``; ``None`` for a
   run of a version that did not record them), as ``table2.json``'s
   ``runs`` holds them."""
-  records = []
-  for r in runs:
-    try:
-      with open(os.path.join(r.run_dir, "summary.json")) as f:
-        phases = json.load(f).get("phase_seconds")
-    except (OSError, ValueError, AttributeError):
-      phases = None
-    records.append({"method": r.method, "seed": r.seed,
-                    "phase_seconds": phases if isinstance(phases, dict)
-                    else None})
-  return records
+  return [{"method": r.method, "seed": r.seed,
+           "phase_seconds": r.phase_seconds} for r in runs]
 
 
 def _seconds_and_share(seconds: float, total: float) -> str:
