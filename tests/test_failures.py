@@ -321,6 +321,22 @@ cli.main_runner(run.main)
 """
 
 
+def test_a_pm_inside_the_run_directory_is_refused_before_its_pretraining(
+    tmp_path):
+  out = tmp_path / "out"
+  config = _config(**{"augfl.lam": 5.0, "pm.model": "mlp",
+                      "pm.dir": str(out / "pm")})
+  with nothing_compiled(), pytest.raises(ValueError) as e:
+    training.run(config, str(out), log=QUIET)
+  assert str(e.value).startswith(f"--pm.dir {out / 'pm'} lies inside "
+                                 f"--output_dir {out}")
+  assert f"--pm.dir={tmp_path / 'pm'}" in str(e.value)  # beside the run
+  assert not os.path.exists(out)  # nothing pretrained, nothing written
+  # A run without a PM (lam = 0) never reads --pm.dir: it runs there.
+  training.run(_config(**{"augfl.lam": 0.0, "pm.dir": str(out / "pm"),
+                          "rounds": 1}), str(out), log=QUIET)
+
+
 @pytest.mark.slow
 def test_cli_failures_are_one_line_without_traceback(tmp_path, compile_cache):
   _fake_pm(tmp_path / "pm")

@@ -131,6 +131,7 @@ def run(config: RunConfig | Plan, output_dir: str,
   if processes.count() > 1:  # before anything is read or written
     _agree_on_flags(plan, output_dir, control)
   resuming.check_run_control(plan, control)
+  _check_pm_outside(plan, output_dir)
   if processes.count() > 1:  # process 0 writes; all run the client axis
     plan, log, live, loaded = _across_processes(plan, log, live,
                                                 transform_data)
@@ -234,6 +235,22 @@ def shows_live_line(log: Callable[[str], None], live: bool | None) -> bool:
     return live
   isatty = getattr(sys.stdout, "isatty", None)
   return log is print and bool(isatty and isatty())
+
+
+def _check_pm_outside(plan: Plan, output_dir: str) -> None:
+  """Raises ``ValueError`` where the run's PM directory lies inside its
+  output directory: the run directory holds only the run's own files, so
+  every later run there (a rerun, ``--resume``) would be refused."""
+  if plan.pm_role == "none":
+    return
+  pm_dir = os.path.realpath(plan.config.pm.dir)
+  run_dir = os.path.realpath(output_dir)
+  if os.path.commonpath([pm_dir, run_dir]) == run_dir:
+    raise ValueError(
+        f"--pm.dir {plan.config.pm.dir} lies inside --output_dir "
+        f"{output_dir}, which holds only the run's own files (a rerun or "
+        "--resume would refuse it): put the PM beside the run, e.g. "
+        f"--pm.dir={os.path.join(os.path.dirname(run_dir), 'pm')}")
 
 
 def _pretrains_pm(plan: Plan) -> bool:
