@@ -19,6 +19,7 @@ field of the run's configuration (``--crd.nce_k``: the field's own rule),
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from typing import Any, Callable, Sequence
@@ -28,6 +29,7 @@ from absl import flags
 from augfl_jax import training
 from augfl_jax.commands import output_files, runner
 from augfl_jax.core import fields
+from augfl_jax.training import outputs
 
 
 def run(define_flags: Callable[[], None],
@@ -110,6 +112,13 @@ def check_started(code: int, output_dir: str, error: Sequence[str],
     reason = error[-1].removeprefix("error: ") if error else "no message"
     raise ValueError(f"experiments.run {shlex.join(args)} stopped before its "
                      f"first round ({reason})")
+
+
+def write_json(path: str, results: Any) -> None:
+  """Writes a command's ``results`` to ``path`` as JSON (indent 1) through
+  a temporary sibling and a rename (``outputs.write_text_atomic``): the
+  file there before is replaced whole or kept, never torn."""
+  outputs.write_text_atomic(path, json.dumps(results, indent=1))
 
 
 def output(name: str = "output") -> None:

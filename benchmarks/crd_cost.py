@@ -37,7 +37,6 @@ inputs, 26 classes; synthetic data.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 import time
@@ -278,8 +277,7 @@ def run(f: Any = None) -> dict[str, Any]:
          "rel_diff": rel_diff}
   print(format_table(out))
   if f.output:
-    with open(f.output, "w") as fh:
-      json.dump(out, fh, indent=1)
+    command.write_json(f.output, out)
     print(f"wrote {f.output}")
   return out
 

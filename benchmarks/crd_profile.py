@@ -26,7 +26,6 @@ only rows to read.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import Any, Callable
@@ -195,8 +194,7 @@ def run(f: Any = None) -> dict[str, Any]:
           f"{100 * out['share_of_step'][name]:5.1f}% of the step")
   print(f"  round ({steps} minibatches): about {out['round_estimate_s']:.2f} s")
   if f.output:
-    with open(f.output, "w") as fh:
-      json.dump(out, fh, indent=1)
+    command.write_json(f.output, out)
   return out
 
 

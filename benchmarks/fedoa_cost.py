@@ -28,7 +28,6 @@ writes (``--output``, JSON):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -303,8 +302,7 @@ def run(f: Any = None) -> dict[str, Any]:
              jax=jax.__version__, backend=jax.default_backend())
   print(format_table(out))
   if f.output:
-    with open(f.output, "w") as fh:
-      json.dump(out, fh, indent=1)
+    command.write_json(f.output, out)
     print(f"wrote {f.output}")
   return out
 

@@ -33,7 +33,6 @@ names (``--augfl.lam``, ``--pm.epochs``, ``--crd.nce_k``, ...).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 
@@ -312,8 +311,7 @@ def main(argv):
   out = head_to_head(code)
   if FLAGS.output:
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
-    with open(FLAGS.output, "w") as f:
-      json.dump(out, f, indent=1)
+    command.write_json(FLAGS.output, out)
 
 
 if __name__ == "__main__":

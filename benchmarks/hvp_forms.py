@@ -29,7 +29,6 @@ gives each one's median and its ratio to ``two_gradients``.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -161,8 +160,7 @@ def run(f: Any = None) -> dict[str, Any]:
   print("  load average: " + ", ".join(f"{x:.2f}"
                                        for x in out["load_average"]))
   if f.output:
-    with open(f.output, "w") as fh:
-      json.dump(out, fh, indent=1)
+    command.write_json(f.output, out)
   return out
 
 

@@ -114,8 +114,7 @@ def main(argv):
   result = {"common": FLAGS.common, "devices_per_process":
             FLAGS.devices_per_process, "cpu_count": os.cpu_count(),
             "runs": runs, "by_processes": table}
-  with open(FLAGS.output, "w") as f:
-    json.dump(result, f, indent=1)
+  command.write_json(FLAGS.output, result)
   for n, row in table.items():
     print(f"{n} process(es): {row['seconds_per_round']} s/round, ratio to "
           f"{counts[0]}: {row[f'ratio_to_{counts[0]}']}, peak RSS per "

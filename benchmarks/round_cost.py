@@ -50,7 +50,6 @@ theta^{t+1} is compared with each cell's (``reference_max_abs_diff``;
 
 from __future__ import annotations
 
-import json
 import platform
 import resource
 import statistics
@@ -468,8 +467,7 @@ def _written(out: dict[str, Any], path: str) -> dict[str, Any]:
   """``out``, written as JSON to ``path`` (empty: not written), saying
   so."""
   if path:
-    with open(path, "w") as fh:
-      json.dump(out, fh, indent=1)
+    command.write_json(path, out)
     print(f"wrote {path}")
   return out
 

@@ -122,8 +122,7 @@ def main(argv: list[str]) -> None:
   print("wall time / last variant's:", out["wall_ratio"])
   print("per-round time / last variant's:", out["per_round_ratio"])
   if FLAGS.output:
-    with open(FLAGS.output, "w") as f:
-      json.dump(out, f, indent=1)
+    command.write_json(FLAGS.output, out)
     print(f"wrote {FLAGS.output}")
 
 
