@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import time
 from typing import Any, Callable, Sequence
 
 from absl import flags
+import jax
 
 from augfl_jax import training
 from augfl_jax.commands import output_files, runner
@@ -112,6 +114,13 @@ def check_started(code: int, output_dir: str, error: Sequence[str],
     reason = error[-1].removeprefix("error: ") if error else "no message"
     raise ValueError(f"experiments.run {shlex.join(args)} stopped before its "
                      f"first round ({reason})")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+  """Seconds ``fn()`` takes, its result ready (``jax.block_until_ready``)."""
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - start
 
 
 def write_json(path: str, results: Any) -> None:

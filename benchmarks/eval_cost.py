@@ -18,10 +18,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 
 from absl import flags
-import jax
 
 from augfl_jax.core import evaluation, fields
 from augfl_jax import algorithms, data, models, training
@@ -46,11 +44,6 @@ def define_flags() -> None:
   command.config_rule("eval.test_clients")
 
 
-def _timed(fn) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - start
-
 
 def measure(config: training.RunConfig, repeats: int) -> dict:
   """Seconds (median of ``repeats``) of a round, the held-out clients'
@@ -69,11 +62,11 @@ def measure(config: training.RunConfig, repeats: int) -> dict:
       "test_split": lambda: evaluation.score_in_chunks(
           algo.evaluate, state, fed.test_split.clients)["accuracy"],
   }
-  first = {name: _timed(fn) for name, fn in work.items()}  # compiles
+  first = {name: command.timed(fn) for name, fn in work.items()}  # compiles
   times = {name: [] for name in work}
   for _ in range(repeats):
     for name, fn in work.items():
-      times[name].append(_timed(fn))
+      times[name].append(command.timed(fn))
   seconds = {name: statistics.median(t) for name, t in times.items()}
   return {"seconds": seconds, "first_call_seconds": first,
           "per_round": {k: v / seconds["round"] for k, v in seconds.items()},

@@ -31,8 +31,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import time
-from typing import Any, Callable
+from typing import Any
 
 from absl import flags
 import jax
@@ -67,8 +66,7 @@ def define_flags() -> None:
   flags.DEFINE_string("output", "fedoa_cost.json", "JSON results path "
                       "(empty: none)")
   command.check("preset", lambda path: preset_changes(path))
-  command.check("changes", lambda items: _typed(
-      dict(_pair(item) for item in items)))
+  command.check("changes", named_changes)
   command.each("algorithms", "a registered method", algorithms.spec)
   command.check("against", algorithms.spec)
   command.output()
@@ -99,6 +97,12 @@ def _typed(changes: dict[str, str]) -> dict[str, Any]:
       typed[name] = kind(value)
   fields.replace(training.RunConfig(), **typed)
   return typed
+
+
+def named_changes(items: list[str]) -> dict[str, Any]:
+  """``name=value`` items (``--changes``) typed as the fields of
+  ``training.RunConfig`` they name, checked by the fields' own rules."""
+  return _typed(dict(_pair(item) for item in items))
 
 
 def _read_flags(path: str) -> dict[str, str]:
@@ -218,11 +222,6 @@ def fedoa_steps(built: training.Experiment, state: Any) -> dict[str, Any]:
   return out
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - start
-
 
 def measure(changes: dict[str, Any], names: list[str], against: str,
             repeats: int) -> dict[str, Any]:
@@ -244,11 +243,11 @@ def measure(changes: dict[str, Any], names: list[str], against: str,
     if name == "fedoa":
       extra["fedoa_steps"] = fedoa_steps(built, state)
     rounds[name] = (lambda f=round_fn, s=state, c=clients: f(s, c)[0])
-    first[name] = _timed(rounds[name])
+    first[name] = command.timed(rounds[name])
   times: dict[str, list[float]] = {name: [] for name in rounds}
   for _ in range(repeats):
     for name, run_round in rounds.items():
-      times[name].append(_timed(run_round))
+      times[name].append(command.timed(run_round))
   return {
       "round_s": {name: {"median": statistics.median(t), "min": min(t),
                          "max": max(t), "all": t}
@@ -292,7 +291,7 @@ def run(f: Any = None) -> dict[str, Any]:
   """Measures what the flags ask; prints the table and writes the JSON."""
   f = f or FLAGS
   changes = {**preset_changes(f.preset),
-             **_typed(dict(_pair(item) for item in f.changes))}
+             **named_changes(f.changes)}
   before = os.getloadavg()
   out = measure(changes, list(f.algorithms), f.against, f.repeats)
   out.update(against=f.against, load_average={"before": before,
