@@ -302,6 +302,8 @@ REFUSED = {
                      "must be > 0, got 0.0"),
     "run_defaults": ("--variants=vmap", "flag --variants=vmap: a variant is "
                      "label=flags, got 'vmap'"),
+    "seed_population": ("--seeds=3,3", "flag --seeds=['3', '3']: a "
+                        "population is at least two distinct seeds, got 3,3"),
     "processes": ("--processes=2,0", "flag --processes=['2', '0']: each item "
                   "must be an integer >= 1, got '0'"),
     "plot": ("--value=seconds", "flag --value=seconds: value should be one "

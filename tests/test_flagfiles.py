@@ -34,6 +34,7 @@ VARIANTS = {
     "fashion_mnist_cpu": {"pm.model", "pm.epochs", "pm.dir",
                           "crd.kt_steps", "crd.negative_sampling",
                           "crd.nce_k"},
+    "fashion_mnist_table": {"pm.model", "pm.epochs", "pm.dir"},
 }
 
 
