@@ -44,7 +44,6 @@ def define_flags() -> None:
   command.config_rule("eval.test_clients")
 
 
-
 def measure(config: training.RunConfig, repeats: int) -> dict:
   """Seconds (median of ``repeats``) of a round, the held-out clients'
   evaluation and the test-split scoring of ``config``'s run."""

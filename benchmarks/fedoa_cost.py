@@ -222,7 +222,6 @@ def fedoa_steps(built: training.Experiment, state: Any) -> dict[str, Any]:
   return out
 
 
-
 def measure(changes: dict[str, Any], names: list[str], against: str,
             repeats: int) -> dict[str, Any]:
   """Times the rounds of the methods ``names`` on the run ``changes``
