@@ -17,6 +17,9 @@ seed, round-robin, ``--repeats`` times after a first (compiling) call:
 * ``population``: one call of ``jit(vmap(round))`` over the seeds' states
   and clients stacked on a leading axis of size S.
 
+Both ways call the round of the first seed's build, which takes a seed's
+state and clients as its arguments (``FederatedAlgorithm.round``).
+
 Prints and writes (``--output``, JSON) each way's median seconds for the
 S rounds, ``separate / population`` (above 1: the population wins), the
 largest difference between the two ways' states after one round (the same
