@@ -231,6 +231,50 @@ def test_processes_that_finish_exit_cleanly_while_their_watchdogs_beat():
     assert [p.returncode for p in procs] == [0, 0], logs
 
 
+
+@pytest.mark.parametrize("received, code", [(None, 1),
+                                            (signal.SIGTERM, 143),
+                                            (signal.SIGINT, 130)])
+def test_a_peers_stop_ends_a_process_with_its_own_signals_code(
+    monkeypatch, capsys, received, code):
+  """Process 1 announced its stop. Process 0's watchdog ends process 0 with
+  exit code 1, or, where process 0 received a signal that its main thread
+  took (it was not stuck, and would stop after its round), 128 + that
+  signal: on a loaded machine a SIGTERM to both processes ended process 0
+  through process 1's stop, with code 1."""
+  from augfl_jax.processes.signals import StopSignals
+
+  class Client:  # the coordinator's store: process 1 has stopped
+
+    def key_value_set(self, *args, **kwargs):
+      pass
+
+    def key_value_dir_get(self, prefix):
+      return [(f"{prefix}1", "stopped interrupted (SIGTERM)")]
+
+  dog = group.Watchdog.__new__(group.Watchdog)
+  threading.Thread.__init__(dog, daemon=True)
+  dog.client, dog.me, dog.n, dog.arrived = Client(), 0, 2, []
+  dog.done = threading.Event()
+  read, write = os.pipe()
+  os.set_blocking(read, False)
+  dog.signals, dog.taken_before = read, StopSignals.taken
+  if received is not None:  # arrived, and taken by the main thread
+    os.write(write, bytes([received]))
+    monkeypatch.setattr(StopSignals, "taken", StopSignals.taken + 1)
+  codes = []
+  monkeypatch.setattr(group, "GRACE_SECONDS", 0.0)
+  monkeypatch.setattr(group, "leave", lambda c: (codes.append(c),
+                                                 dog.done.set()))
+  try:
+    dog.run()
+  finally:
+    os.close(read)
+    os.close(write)
+  assert codes == [code]
+  assert capsys.readouterr().err.startswith(
+      "error: process 1 stopped: interrupted (SIGTERM); process 0 stops too")
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, changes", [
     ("augfl_without_pm", {"augfl.lam": 0.0}),
@@ -697,11 +741,12 @@ def test_a_signal_ends_processes_stuck_in_a_collective(tmp_path):
       cwd=ROOT)
   try:
     deadline = time.monotonic() + 300
-    while not marker.exists():
+    entered = tmp_path / "stuck.0"  # process 0 calls the collective
+    while not (marker.exists() and entered.exists()):
       assert time.monotonic() < deadline and all(
           p.poll() is None for p in procs), open(logs[0]).read()[-3000:]
       time.sleep(0.3)
-    time.sleep(2)  # process 0 is in the collective by now
+    time.sleep(2)  # process 0 waits in the collective by now
     start = time.monotonic()
     for p in procs:
       p.send_signal(signal.SIGTERM)

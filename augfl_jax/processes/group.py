@@ -312,7 +312,8 @@ def agree_on(what: str, record: dict[str, str]) -> list[str]:
 
 
 class Watchdog(threading.Thread):
-  """Ends this process, with one line on stderr and exit code 1, within
+  """Ends this process, with one line on stderr and exit code 1 (128 + the
+  signal where this process received SIGINT or SIGTERM), within
   ``STALE_SECONDS`` of another process's end: its heartbeat stops (killed)
   or it announced its stop (:func:`announce_stop`), or the coordinator
   (process 0) is gone. A process that finished its run announces so and
@@ -398,10 +399,13 @@ class Watchdog(threading.Thread):
           continue
         if value.startswith("stopped "):
           # An end all processes agreed on (a signal, a non-finite round)
-          # ends this one too, in the meantime, with its own message.
+          # ends this one too, in the meantime, with its own message; a
+          # signal this process received, its main thread took it or not,
+          # gives the exit code.
           self.done.wait(GRACE_SECONDS)
           self._check_signals(time.monotonic(), at_once=True)
-          self.end(f"process {i} stopped: {value[len('stopped '):]}")
+          self.end(f"process {i} stopped: {value[len('stopped '):]}",
+                   128 + self.arrived[-1][0] if self.arrived else 1)
         last = seen.get(i)
         if last is None or last[0] != value:
           seen[i] = (value, now)
@@ -419,14 +423,14 @@ class Watchdog(threading.Thread):
     self.done.set()
     self.join(STALE_SECONDS)
 
-  def end(self, why: str) -> None:
-    """Ends the process with one line: ``why``, and how the run goes on;
-    nothing once the process reports its own end."""
+  def end(self, why: str, code: int = 1) -> None:
+    """Ends the process with one line, ``why`` and how the run goes on, and
+    exit ``code``; nothing once the process reports its own end."""
     if self.done.is_set():
       return
     print(f"error: {why}; process {self.me} stops too; {hint}",
           file=sys.stderr, flush=True)
-    leave(1)
+    leave(code)
 
 
 _leaving = threading.Event()  # leave() was called
