@@ -116,11 +116,17 @@ def check_started(code: int, output_dir: str, error: Sequence[str],
                      f"first round ({reason})")
 
 
-def timed(fn: Callable[[], Any]) -> float:
-  """Seconds ``fn()`` takes, its result ready (``jax.block_until_ready``)."""
+def timed_call(fn: Callable[[], Any]) -> tuple[float, Any]:
+  """``(seconds, result)`` of ``fn()``, timed until its result is ready
+  (``jax.block_until_ready``)."""
   start = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - start
+  result = jax.block_until_ready(fn())
+  return time.perf_counter() - start, result
+
+
+def timed(fn: Callable[[], Any]) -> float:
+  """Seconds ``fn()`` takes, its result ready (:func:`timed_call`)."""
+  return timed_call(fn)[0]
 
 
 def write_json(path: str, results: Any) -> None:
