@@ -111,12 +111,6 @@ def _sync(out: Any) -> Any:
   return jax.block_until_ready(out)
 
 
-def _time(fn: Callable[[], Any]) -> float:
-  start = time.perf_counter()
-  _sync(fn())
-  return time.perf_counter() - start
-
-
 def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:
   """``["shared:negative_sampling=shared+kt_steps=10"]`` ->
   ``{"shared": {"negative_sampling": "shared", "kt_steps": 10}}``, each
@@ -247,7 +241,7 @@ def run(f: Any = None) -> dict[str, Any]:
   times: dict[str, list[float]] = {k: [] for k in runners}
   for i in range(1 + f.repeats):  # the first pass warms up (compiles)
     for key, run_once in runners.items():
-      t = _time(run_once)
+      t = command.timed(run_once)
       if i:
         times[key].append(t)
   med = {k: statistics.median(v) for k, v in times.items()}

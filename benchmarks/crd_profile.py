@@ -27,7 +27,6 @@ only rows to read.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Callable
 
 from absl import flags
@@ -72,12 +71,6 @@ def define_flags() -> None:
                "crd.bank_dtype"):
     command.config_rule(name)
   command.output()
-
-
-def _time(fn: Callable[[], Any]) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - start
 
 
 def make_parts(f: Any) -> tuple[dict[str, Callable[[], Any]], int]:
@@ -173,7 +166,7 @@ def run(f: Any = None) -> dict[str, Any]:
   times: dict[str, list[float]] = {name: [] for name in parts}
   for i in range(1 + f.repeats):  # the first pass compiles
     for name, fn in parts.items():
-      t = _time(fn)
+      t = command.timed(fn)
       if i:
         times[name].append(t)
   med = {name: statistics.median(v) for name, v in times.items()}

@@ -306,6 +306,8 @@ REFUSED = {
                         "population is at least two distinct seeds, got 3,3"),
     "processes": ("--processes=2,0", "flag --processes=['2', '0']: each item "
                   "must be an integer >= 1, got '0'"),
+    "conv_forms": ("--batch=0", "flag --batch=0: 0 is not a positive "
+                   "integer"),
     "plot": ("--value=seconds", "flag --value=seconds: value should be one "
              "of <time|memory>"),
 }
