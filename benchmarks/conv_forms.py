@@ -6,11 +6,11 @@ r"""The cnn's minibatch gradient under each form of its convolutions.
 The client rounds of the cnn and AugFL's CRD step spend most of their time
 in the cnn's forward and backward passes (``benchmarks/RESULTS.md`` §20,
 §21). This command times the gradient of the cross-entropy of ``--model``
-on ``--batch`` examples (``benchmarks.cells.MODELS``' inputs: 28x28x1
-for the cnn) with respect to its parameters, two ways:
-one jitted call, and ``--scan`` minibatches in one ``lax.scan`` (the time a
-minibatch), the way the CRD step and ``lax.map`` over clients run it. It does
-so for each form of the convolutions:
+on ``--batch`` examples (``benchmarks.cells.MODELS``' inputs: 28x28x1 for
+the cnn) with respect to its parameters, two ways: one jitted call, and
+``--scan`` minibatches in one ``lax.scan`` (the time a minibatch), the way
+the CRD step and ``lax.map`` over clients run it. It does so for each form
+of the convolutions:
 
 * ``patches``: ``models.conv.conv_patches``, im2col and a matmul (the CPU
   default);
@@ -21,12 +21,11 @@ so for each form of the convolutions:
 
 Within a process the forms are timed round-robin, ``--repeats`` times after
 a compiling call, and each form's gradient is compared with the patches'
-(largest difference over the largest entry). The rate is the patches'
-matrix FLOPs (``fedoa_cost.matmul_flops`` on its jaxpr) over a form's time.
-Each ``--xla_flags`` item
-(``""``: none) is a process of its own with that ``XLA_FLAGS``, one after
-another; every time comes with its ratio to the patches' scan under the
-first item.
+(largest difference over the largest entry). A form's rate is the patches'
+matrix FLOPs (``fedoa_cost.matmul_flops`` on its jaxpr) over its time.
+Each ``--xla_flags`` item (``""``: none) is a process of its own with that
+``XLA_FLAGS``, one after another; every time comes with its ratio to the
+patches' scan under the first item.
 """
 
 from __future__ import annotations
@@ -75,6 +74,8 @@ def define_flags() -> None:
   flags.DEFINE_list("xla_flags", [""], "XLA_FLAGS of each process, one "
                     "item each ('' for none); items hold no commas.")
   flags.DEFINE_string("output", "", "JSON results path (none if empty).")
+  command.each("xla_flags", "'' or XLA flags, each starting with --",
+               lambda item: item == "" or item.startswith("--"))
   command.output()
 
 

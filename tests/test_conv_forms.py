@@ -4,6 +4,7 @@ gradient, and the command reports each form per process."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from augfl_jax.models import conv
 from benchmarks import conv_forms
@@ -53,3 +54,13 @@ def test_run_measures_each_xla_flags_item_in_its_own_process(tmp_path,
   assert "XLA_FLAGS='--xla_cpu_use_thunk_runtime=true'" in (
       capsys.readouterr().out)
   assert (tmp_path / "forms.json").exists()
+
+
+def test_a_process_that_xla_refuses_is_named(tmp_path):
+  class Flags:
+    model, batch, scan, repeats = "tiny_cnn", 2, 1, 1
+    xla_flags = ["--xla_cpu_no_such_flag=1"]
+    output = ""
+  with pytest.raises(ValueError, match="XLA_FLAGS='--xla_cpu_no_such_flag=1' "
+                     "ended with code"):
+    conv_forms.run(Flags)
