@@ -757,15 +757,20 @@ def test_a_signal_ends_processes_stuck_in_a_collective(tmp_path):
   assert codes == [128 + signal.SIGTERM] * 2, [open(l).read()[-2000:]
                                                 for l in logs]
   assert seconds < 5 + 10, seconds
+  own = ("interrupted: SIGTERM, which process {} has not taken within 5 s "
+         "(it waits in a collective that another process does not join, or "
+         "in one long computation): it stops now, without saving; resume "
+         "with: python -m experiments.run ")
+  # Process 0's main thread may still take the signal on its way into the
+  # collective (a loaded machine): then process 1's stop ends it.
+  peers = ("error: process 1 stopped: interrupted (SIGTERM); process 0 "
+           "stops too; resume with: python -m experiments.run ")
   for i, log in enumerate(logs):
     lines = [l for l in open(log).read().splitlines()
              if l.startswith(("interrupted", "error"))]
     assert len(lines) == 1, lines
-    assert lines[0].startswith(
-        f"interrupted: SIGTERM, which process {i} has not taken within 5 s "
-        "(it waits in a collective that another process does not join, or "
-        "in one long computation): it stops now, without saving; resume "
-        "with: python -m experiments.run "), lines
+    assert lines[0].startswith(own.format(i)) or (
+        i == 0 and lines[0].startswith(peers)), lines
     assert lines[0].endswith(" --resume"), lines
 
 
