@@ -51,13 +51,13 @@ from augfl_jax.models import conv
 from benchmarks import cells
 from benchmarks import command
 from benchmarks import fedoa_cost
+from benchmarks import seed_population
 
 FLAGS = flags.FLAGS
 FORMS = ("patches", "xla", "xla_forward")
 CONV_MODELS = [name for name in cells.MODELS if name not in ("mlp",
                                                              "logreg")]
 PATCHES = conv.conv_patches
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def define_flags() -> None:
@@ -159,15 +159,15 @@ def measure(model_name: str, batch: int, scan: int, repeats: int
         times[name].append(seconds / (scan if name.endswith("scan") else 1))
       elif name.endswith("one"):
         grads[name.split("/")[0]] = result
-  reference = jax.tree.leaves(grads["patches"])
-  scale = max(float(jnp.max(jnp.abs(a))) for a in reference)
+  scale = max(float(jnp.max(jnp.abs(a)))
+              for a in jax.tree.leaves(grads["patches"]))
   return {"xla_flags": os.environ.get("XLA_FLAGS", ""),
           "matmul_gflop": flops / 1e9,
           "median_s": {name: statistics.median(v)
                        for name, v in times.items()},
           "gradient_difference": {
-              form: max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
-                  jax.tree.leaves(grads[form]), reference)) / scale
+              form: seed_population.max_difference(
+                  grads[form], grads["patches"]) / scale
               for form in FORMS}}
 
 
@@ -186,7 +186,7 @@ def run(f: Any = None) -> dict[str, Any]:
           [sys.executable, "-c", code], check=False,
           env={**os.environ, "XLA_FLAGS": xla_flags,
                "PYTHONPATH": os.pathsep.join(
-                   filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
+                   filter(None, [fedoa_cost.ROOT, os.environ.get("PYTHONPATH")]))})
       if done.returncode:
         raise ValueError(f"the process with XLA_FLAGS={xla_flags!r} ended "
                          f"with code {done.returncode}")
